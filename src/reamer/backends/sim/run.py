@@ -1,0 +1,186 @@
+"""The simulation loop: events advance the clock; each batch of events at one instant
+(and each control interval) runs one :func:`reamer.control.control_round`."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reamer.backends.sim.cluster import SimCluster
+from reamer.backends.sim.engine import Ev, EventQueue
+from reamer.config.scenario import Scenario
+from reamer.control import Policy, control_round
+from reamer.domain import JobState, TrainingJob
+from reamer.models.training import Calibration, load_calibration
+from reamer.policies import make_policy
+from reamer.workloads import build_jobs, build_nodes
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    id: str
+    model: str
+    arrival_s: float
+    start_s: float
+    end_s: float
+    queue_s: float
+    samples: float
+    reconfigs: int
+
+    @property
+    def jct_s(self) -> float:
+        return self.end_s - self.arrival_s
+
+    @property
+    def speed(self) -> float:
+        """Mean training speed while running (samples/s)."""
+        run = self.jct_s - self.queue_s
+        return self.samples / run if run > 0 else math.inf
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    policy: str
+    seed: int
+    jobs: list[JobRecord]
+    unfinished: int
+    metrics: dict[str, float]
+    series: dict[str, list[float]] = field(default_factory=dict)
+    timelines: dict[str, list[tuple[float, int, int, float]]] = field(default_factory=dict)
+
+
+SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_alloc_pct", "gpu_alloc_pct")
+
+
+def simulate(
+    sc: Scenario,
+    policy: str | Policy,
+    cal: Calibration | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    jobs: list[TrainingJob] | None = None,
+    track: int = 0,
+) -> RunResult:
+    """Run one scenario under one policy. Deterministic for ``sc.seed``.
+
+    ``progress(done, total)`` is called as jobs finish; ``track`` keeps allocation timelines
+    (time, PS, workers, cores) of that many jobs (the first to arrive) for the report.
+    """
+    wall0 = time.perf_counter()
+    cal = cal or load_calibration()
+    ss = np.random.SeedSequence(sc.seed)
+    rng_workload, rng_noise, rng_policy = (np.random.default_rng(s) for s in ss.spawn(3))
+    nodes = build_nodes(sc)
+    if jobs is None:
+        jobs = build_jobs(sc, nodes, cal, rng_workload)
+    if isinstance(policy, str):
+        policy = make_policy(policy, sc.policy.options.get(policy), rng_policy, sc.policy.interval_s, sc.source)
+
+    q = EventQueue()
+    cluster = SimCluster(nodes, cal, rng_noise, lambda jid, t, v: q.push(t, Ev.COMPLETION, (jid, v)),
+                         sc.policy.telemetry_noise_pct, policy.interval_s)
+    for spec in jobs:
+        q.push(spec.arrival_s, Ev.ARRIVAL, spec)
+    if policy.interval_s:
+        q.push(policy.interval_s, Ev.TICK)
+    pending = len(jobs)
+    finished = 0
+    rounds = 0
+    series: dict[str, list[float]] = {k: [] for k in SERIES_KEYS}
+    tracked = {s.id for s in jobs[:track]}
+    timelines: dict[str, list[tuple[float, int, int, float]]] = {j: [] for j in tracked}
+    horizon = sc.horizon_s or math.inf
+
+    while q:
+        now = q.peek_time()
+        if now > horizon:
+            break
+        run_round = tick = False
+        while q and q.peek_time() == now:
+            _, kind, payload = q.pop()
+            if kind is Ev.ARRIVAL:
+                cluster.arrive(payload, now)
+                pending -= 1
+                run_round = True
+            elif kind is Ev.COMPLETION:
+                if cluster.complete(payload[0], payload[1], now):
+                    finished += 1
+                    run_round = True
+                    if progress:
+                        progress(finished, len(jobs))
+            else:
+                tick = run_round = True
+        if not run_round:
+            continue
+        rnd = control_round(cluster, policy, now)
+        rounds += 1
+        _record(series, cluster, now)
+        for jid in tracked:
+            _timeline(timelines[jid], cluster, jid, now)
+        if tick:
+            idle = not cluster.running and not pending
+            if not (idle and (not cluster.queue or not rnd.decisions)):
+                q.push(now + policy.interval_s, Ev.TICK)
+
+    cluster._integrate(max((j.finished or 0.0) for j in cluster.jobs.values()) if cluster.jobs else 0.0)
+    records = [
+        JobRecord(j.spec.id, j.spec.model, j.spec.arrival_s, j.started, j.finished, j.queue_s, j.spec.samples, j.reconfigs)
+        for j in cluster.jobs.values()
+        if j.state is JobState.DONE
+    ]
+    unfinished = len(jobs) - len(records)
+    metrics = _metrics(records, cluster, q.popped, rounds, unfinished)
+    metrics["wall_s"] = time.perf_counter() - wall0
+    return RunResult(sc.name, policy.name, sc.seed, records, unfinished, metrics, series, timelines)
+
+
+def _record(series: dict[str, list[float]], c: SimCluster, now: float) -> None:
+    series["t"].append(now)
+    series["queue"].append(len(c.queue))
+    series["running"].append(len(c.running))
+    series["cpu_used_pct"].append(100.0 * c.cpu_used / c.cap_cpu)
+    series["gpu_used_pct"].append(100.0 * c.gpu_used / c.cap_gpu if c.cap_gpu else 0.0)
+    series["cpu_alloc_pct"].append(100.0 * c.cpu_alloc / c.cap_cpu)
+    series["gpu_alloc_pct"].append(100.0 * c.gpu_alloc / c.cap_gpu if c.cap_gpu else 0.0)
+
+
+def _timeline(tl: list, c: SimCluster, jid: str, now: float) -> None:
+    j = c.jobs.get(jid)
+    if j is None:
+        return
+    ps = sum(1 for x in j.containers.values() if x.role.value == "ps")
+    workers = len(j.containers) - ps
+    cores = sum(x.res.cpu for x in j.containers.values())
+    point = (now, ps, workers, cores)
+    if not tl or tl[-1][1:] != point[1:]:
+        tl.append(point)
+
+
+def _metrics(records: list[JobRecord], c: SimCluster, events: int, rounds: int, unfinished: int) -> dict[str, float]:
+    jct = np.array([r.jct_s for r in records]) if records else np.array([math.nan])
+    queue = np.array([r.queue_s for r in records]) if records else np.array([math.nan])
+    speed = np.array([r.speed for r in records]) if records else np.array([math.nan])
+    start = min((r.arrival_s for r in records), default=0.0)
+    end = max((r.end_s for r in records), default=0.0)
+    span = max(c.totals.t, 1e-9)
+    return {
+        "jobs": len(records),
+        "unfinished": unfinished,
+        "mean_jct_s": float(jct.mean()),
+        "p50_jct_s": float(np.percentile(jct, 50)),
+        "p95_jct_s": float(np.percentile(jct, 95)),
+        "mean_queue_s": float(queue.mean()),
+        "mean_speed_samples_per_s": float(speed.mean()),
+        "makespan_s": end - start,
+        "cpu_util_pct": 100.0 * c.totals.cpu_used_s / (c.cap_cpu * span),
+        "gpu_util_pct": 100.0 * c.totals.gpu_used_s / (c.cap_gpu * span) if c.cap_gpu else 0.0,
+        "cpu_alloc_pct": 100.0 * c.totals.cpu_alloc_s / (c.cap_cpu * span),
+        "gpu_alloc_pct": 100.0 * c.totals.gpu_alloc_s / (c.cap_gpu * span) if c.cap_gpu else 0.0,
+        "reconfigurations": float(sum(r.reconfigs for r in records)),
+        "events": events,
+        "rounds": rounds,
+    }

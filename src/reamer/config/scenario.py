@@ -1,0 +1,167 @@
+"""Scenario file (YAML): cluster, workload, policy options, seed, horizon.
+
+Validated with pydantic; every error becomes one line naming the file, the field and
+what was expected (:class:`reamer.errors.InputError`). Relative paths in a scenario are
+resolved against the scenario file's folder.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from reamer.errors import InputError
+
+Pos = Annotated[float, Field(gt=0)]
+NonNeg = Annotated[float, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodePool(_Strict):
+    """``count`` identical nodes."""
+
+    name: str
+    count: Annotated[int, Field(ge=1)]
+    cores: Pos
+    mem_gib: Pos
+    gpus: NonNeg = 0
+    gpu_model: str = ""
+    nic_gbps: Pos | None = None  # default: cluster.nic_gbps
+
+
+class NodeOverride(_Strict):
+    """Per-node override of any pool default, by node name."""
+
+    node: str
+    cores: Pos | None = None
+    mem_gib: Pos | None = None
+    gpus: NonNeg | None = None
+    nic_gbps: Pos | None = None
+
+
+class Cluster(_Strict):
+    node_pools: list[NodePool] = []
+    node_list: Path | None = None  # openb node list CSV (sn, cpu_milli, memory_mib, gpu, model)
+    max_nodes: Annotated[int, Field(ge=1)] | None = None  # first N rows of node_list
+    nic_gbps: Pos = 10.0  # assumption: openb lists no NICs; 10 GbE default
+    overrides: list[NodeOverride] = []
+
+    @model_validator(mode="after")
+    def _some_nodes(self) -> Cluster:
+        if not self.node_pools and self.node_list is None:
+            raise ValueError("a cluster needs node_pools or node_list")
+        return self
+
+
+class Synthetic(_Strict):
+    """Generated jobs (see docs/scenarios.md for the distributions)."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    jobs: Annotated[int, Field(ge=1)] = 200
+    mean_interarrival_s: Pos = 120.0  # Poisson arrivals
+    models: list[str] = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121",
+                         "nasnet_mobile", "bert_base", "vit_b16", "bilstm"]
+    workers: tuple[int, int] = (1, 4)  # uniform integer range, inclusive
+    ps: tuple[int, int] = (1, 2)
+    worker_cores: list[Pos] = [1.0, 2.0, 4.0]  # uniform choice
+    ps_cores: list[Pos] = [1.0, 2.0]
+    container_mem_gib: Pos = 4.0
+    gpus_per_worker: NonNeg = 0.0
+    runtime_s: tuple[Pos, Pos] = (600.0, 7200.0)  # log-uniform runtime at the user's request
+
+
+class Openb(_Strict):
+    """The Alibaba openb pod list turned into arrivals (see docs/scenarios.md)."""
+
+    kind: Literal["openb"] = "openb"
+    pod_list: Path
+    load: Pos = 0.8  # offered GPU load relative to the cluster's GPUs (sets the arrival rate)
+    max_jobs: Annotated[int, Field(ge=1)] | None = None
+    gpu_only: bool = False
+    ps_cores: Pos = 1.0  # openb pods show no PS: each job gets one of this size
+    ps_mem_gib: Pos = 2.0
+    max_duration_s: Pos = 7 * 86400.0
+    min_duration_s: Pos = 60.0
+    models: list[str] = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121",
+                         "bert_base", "vit_b16", "gpt2_small"]
+
+
+class JobList(_Strict):
+    """A user's own trace: CSV or JSONL, one job per row (docs/scenarios.md)."""
+
+    kind: Literal["joblist"] = "joblist"
+    path: Path
+
+
+Workload = Annotated[Synthetic | Openb | JobList, Field(discriminator="kind")]
+
+
+class PolicyOptions(_Strict):
+    interval_s: Pos = 60.0  # control interval for policies that use telemetry
+    telemetry_noise_pct: NonNeg = 3.0  # std-dev of multiplicative measurement noise
+    options: dict[str, dict[str, Any]] = {}  # per-policy settings, by policy name
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    seed: int = 0
+    horizon_s: Pos | None = None
+    cluster: Cluster
+    workload: Workload = Synthetic()
+    policy: PolicyOptions = PolicyOptions()
+    source: str = "<inline>"  # where it was read from (for error messages)
+
+
+def _where(loc: tuple) -> str:
+    return ".".join(str(x) for x in loc) or "(top level)"
+
+
+def parse_scenario(data: Any, source: str, base: Path | None = None) -> Scenario:
+    if not isinstance(data, dict):
+        raise InputError(source, "(top level)", "a YAML mapping with keys cluster, workload, ...")
+    try:
+        sc = Scenario.model_validate({**data, "source": source})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError(source, f"field {_where(err['loc'])}", err["msg"].lower(),
+                         err.get("input") if not isinstance(err.get("input"), dict) else None) from None
+    if base is not None:
+        sc = _resolve_paths(sc, base)
+    return sc
+
+
+def _resolve_paths(sc: Scenario, base: Path) -> Scenario:
+    def fix(p: Path | None) -> Path | None:
+        return p if p is None or p.is_absolute() else (base / p)
+
+    cluster = sc.cluster.model_copy(update={"node_list": fix(sc.cluster.node_list)})
+    wl = sc.workload
+    if isinstance(wl, Openb):
+        wl = wl.model_copy(update={"pod_list": fix(wl.pod_list)})
+    elif isinstance(wl, JobList):
+        wl = wl.model_copy(update={"path": fix(wl.path)})
+    return sc.model_copy(update={"cluster": cluster, "workload": wl})
+
+
+def load_scenario(path: str | Path | None) -> Scenario:
+    """Load a scenario file, or the embedded default when ``path`` is None."""
+    if path is None:
+        text = resources.files("reamer.data").joinpath("default.yaml").read_text()
+        return parse_scenario(yaml.safe_load(text), "default.yaml")
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(str(p), "file", "an existing scenario YAML file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        raise InputError(str(p), where, f"valid YAML ({getattr(e, 'problem', e)})") from None
+    return parse_scenario(data, str(p), p.parent)

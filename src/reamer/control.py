@@ -1,0 +1,41 @@
+"""The control round — the architecture in one function: observe → decide → actuate.
+
+Every backend (``sim`` now; ``local`` and ``k8s`` later) implements :class:`Backend`;
+every policy implements :class:`Policy`. Neither knows which of the others it talks to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from reamer.domain import ClusterSnapshot, Decision
+
+
+class Policy(Protocol):
+    """A pure policy: plain snapshot in, decisions out. May keep its own history."""
+
+    name: str
+    interval_s: float | None  # periodic rounds with telemetry; None = only on events
+
+    def decide(self, snapshot: ClusterSnapshot) -> Sequence[Decision]: ...
+
+
+class Backend(Protocol):
+    def observe(self, now: float) -> ClusterSnapshot: ...
+
+    def actuate(self, decisions: Sequence[Decision], now: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    now: float
+    decisions: tuple[Decision, ...]
+
+
+def control_round(backend: Backend, policy: Policy, now: float) -> Round:
+    snapshot = backend.observe(now)  # observe
+    decisions = tuple(policy.decide(snapshot))  # decide
+    backend.actuate(decisions, now)  # actuate
+    return Round(now, decisions)

@@ -1,0 +1,86 @@
+"""Training jobs (the spec a user submits, and its live view) and inference services."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from reamer.domain.cluster import Container, Resources, Role
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingJob:
+    """What a user submits: a parameter-server data-parallel training job.
+
+    ``ps``/``workers`` and ``ps_res``/``worker_res`` are the user's request (what the
+    ``static`` policy keeps for the job's life). ``samples`` is the work to do.
+    """
+
+    id: str
+    model: str
+    arrival_s: float
+    samples: float
+    ps: int
+    workers: int
+    ps_res: Resources
+    worker_res: Resources
+    batch: int = 32
+    max_ps: int = 8
+    max_workers: int = 16
+    max_cores_per_container: float = 16.0
+
+    @property
+    def request(self) -> Resources:
+        return self.ps_res.scale(self.ps) + self.worker_res.scale(self.workers)
+
+    @property
+    def gpu_job(self) -> bool:
+        return self.worker_res.gpu > 0
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job as a policy sees it at one instant."""
+
+    spec: TrainingJob
+    state: JobState
+    containers: tuple[Container, ...] = ()
+    samples_done: float = 0.0  # as last reported, at ``progress_s``
+    progress_s: float = 0.0
+    started_s: float | None = None
+    last_change_s: float | None = None  # last time its allocation changed
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.spec.samples - self.samples_done)
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def of_role(self, role: Role) -> tuple[Container, ...]:
+        return tuple(c for c in self.containers if c.role is role)
+
+    @property
+    def allocated(self) -> Resources:
+        total = Resources()
+        for c in self.containers:
+            total = total + c.res
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceService:
+    """A latency-SLO inference service (fields completed by the Cloud Reamer issue)."""
+
+    id: str
+    model: str
+    slo_p99_ms: float
+    peak_rate_per_s: float = 0.0
+    mem_mib_per_replica: float = 2048.0

@@ -1,0 +1,46 @@
+"""The one thing a policy sees: a snapshot of the cluster at ``now``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from reamer.domain.cluster import Node, Resources
+from reamer.domain.jobs import JobView
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerTelemetry:
+    """Measured over the last interval, per container."""
+
+    cpu_used: float  # cores, average
+    cpu_limit: float  # cores
+    throttled_ratio: float  # share of CFS periods throttled, 0..1
+    net_gbps: float  # average throughput
+    net_capacity_gbps: float  # the link's capacity as seen by this container
+    mem_used_mib: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobTelemetry:
+    """Measured over ``[since_s, now]`` for one running job."""
+
+    since_s: float
+    speed: float  # samples/s
+    containers: Mapping[str, ContainerTelemetry] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    now: float
+    nodes: tuple[Node, ...]
+    free: Mapping[str, Resources]
+    queue: tuple[JobView, ...]  # queued jobs, in arrival order (FIFO)
+    running: tuple[JobView, ...]
+    telemetry: Mapping[str, JobTelemetry] = field(default_factory=dict)  # by job id; empty between intervals
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)

@@ -1,0 +1,1 @@
+"""Performance models shared by every policy and backend (one module per model)."""

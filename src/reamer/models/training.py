@@ -1,0 +1,180 @@
+"""Training speed model for synchronous parameter-server data-parallel jobs (DESIGN.md §3.1).
+
+Per step, with w workers and p PS shards:
+
+* worker compute  ``T_comp = b·F / E(c_w, threads)``  (CPU workers), or
+  ``b / min(gpu_rate·g, E(c_w)/d)`` for GPU workers fed by a CPU input pipeline;
+* network         ``T_net = max(2S/B_worker, 2·w·S/(p·B_ps))``;
+* PS update       ``T_ps = w·(S/p)·u / E(c_ps)``;
+* step time       ``T = T_comp + T_net + T_ps``; speed ``w·b/T`` samples/s.
+
+``E`` is Amdahl-effective cores with a penalty when the framework runs more threads
+than the CPU quota allows. Every constant lives in :class:`Calibration` or in the
+model zoo, each with its source; none is tuned here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Machine constants. Defaults ship in ``reamer/data/calibration.json`` with their source."""
+
+    core_gflops: float  # achieved training GFLOP/s of one core (fwd+bwd, fp32)
+    parallel_fraction: float  # Amdahl parallel fraction of a training step
+    oversub_penalty: float  # slowdown per unit of threads/quota above 1
+    ps_update_ns_per_byte: float  # PS: core-ns to apply one byte of gradient (read+add+write)
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """A trainable model: published size/FLOPs plus per-sample CPU input cost on GPU jobs."""
+
+    name: str
+    params_m: float  # parameters, millions (published)
+    fwd_gflops: float  # forward GFLOPs per sample (published)
+    batch: int = 32  # default per-worker batch
+    gpu_samples_per_s: float = 0.0  # training throughput of one full GPU (published benchmark)
+    input_core_s_per_sample: float = 0.002  # CPU input pipeline cost per sample (decode+augment)
+    source: str = ""
+
+    @property
+    def param_bytes(self) -> float:
+        return self.params_m * 1e6 * 4.0  # fp32
+
+    def core_s_per_sample(self, cal: Calibration) -> float:
+        """Training (fwd+bwd ≈ 3× forward FLOPs) core-seconds per sample on one core."""
+        return 3.0 * self.fwd_gflops / cal.core_gflops
+
+
+def effective_cores(cores: float, threads: int | None, cal: Calibration) -> float:
+    """Amdahl-effective cores of a CPU quota of ``cores`` running ``threads`` threads.
+
+    ``threads=None`` means container-aware sizing (``max(1, ceil(cores))`` threads).
+    Below one core the quota is a time share: ``E = cores``.
+    """
+    if cores <= 0:
+        return 0.0
+    if threads is None:
+        threads = max(1, math.ceil(cores - 1e-9))
+    n = min(cores, float(threads))
+    f = cal.parallel_fraction
+    e = n if n <= 1.0 else 1.0 / ((1.0 - f) + f / n)
+    over = threads / cores - 1.0
+    if over > 0:
+        e /= 1.0 + cal.oversub_penalty * over
+    return e
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One container of a job as the model sees it: cores, GPU share, bandwidth, threads."""
+
+    cores: float
+    bw_gbps: float
+    gpu: float = 0.0
+    threads: int | None = None
+    gpu_factor: float = 1.0  # relative GPU speed (models.zoo.gpu_factor)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    t_comp: float
+    t_net: float
+    t_ps: float
+    speed: float  # samples/s
+    worker_busy: float  # share of the step workers' CPUs compute
+    ps_busy: float  # share of the step PS CPUs update
+    net_busy: float  # share of the step spent on the network
+    gpu_busy: float  # share of the step GPUs compute
+    cpu_used: float = 0.0  # cores the job's containers keep busy, on average
+    gpu_used: float = 0.0  # GPUs the job keeps busy, on average
+
+    @property
+    def t(self) -> float:
+        return self.t_comp + self.t_net + self.t_ps
+
+    @property
+    def bottleneck(self) -> str:
+        """The largest term: ``compute``, ``network`` or ``ps``."""
+        parts = {"compute": self.t_comp, "network": self.t_net, "ps": self.t_ps}
+        return max(parts, key=parts.__getitem__)
+
+
+ZERO_STEP = Step(math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def step(
+    model: ModelProfile,
+    cal: Calibration,
+    batch: int,
+    workers: list[Side],
+    ps: list[Side],
+) -> Step:
+    """Step-time breakdown of a synchronous PS job (slowest worker / PS link decides)."""
+    w, p = len(workers), len(ps)
+    if w == 0 or p == 0:
+        return ZERO_STEP
+    s_bytes = model.param_bytes
+    f = model.core_s_per_sample(cal)
+    t_comp = 0.0
+    gpu_t = 0.0
+    cpu_s = 0.0  # core-seconds of CPU all workers use per step
+    gpu_s = 0.0  # GPU-seconds all workers use per step
+    for side in workers:
+        e = effective_cores(side.cores, side.threads, cal)
+        if e <= 0:
+            return ZERO_STEP
+        busy_cores = min(side.cores, float(side.threads or side.cores))
+        if side.gpu > 0 and model.gpu_samples_per_s > 0:
+            gpu_rate = model.gpu_samples_per_s * side.gpu * side.gpu_factor
+            rate = min(gpu_rate, e / model.input_core_s_per_sample)
+            gpu_t = max(gpu_t, batch / gpu_rate)
+            t_comp = max(t_comp, batch / rate)
+            cpu_s += batch * model.input_core_s_per_sample * busy_cores / e
+            gpu_s += side.gpu * batch / gpu_rate
+        else:
+            t_i = batch * f / e
+            t_comp = max(t_comp, t_i)
+            cpu_s += busy_cores * t_i
+    bits = 8.0 * s_bytes
+    b_w = min(side.bw_gbps for side in workers) * 1e9
+    b_ps = min(side.bw_gbps for side in ps) * 1e9
+    t_net = max(2.0 * bits / b_w, 2.0 * w * bits / (p * b_ps)) if b_w > 0 and b_ps > 0 else math.inf
+    e_ps = min(effective_cores(side.cores, side.threads, cal) for side in ps)
+    if e_ps <= 0:
+        return ZERO_STEP
+    t_ps = w * (s_bytes / p) * cal.ps_update_ns_per_byte * 1e-9 / e_ps
+    t = t_comp + t_net + t_ps
+    cpu_s += sum(min(side.cores, float(side.threads or side.cores)) for side in ps) * t_ps
+    return Step(
+        t_comp=t_comp,
+        t_net=t_net,
+        t_ps=t_ps,
+        speed=w * batch / t,
+        worker_busy=t_comp / t,
+        ps_busy=t_ps / t,
+        net_busy=t_net / t,
+        gpu_busy=gpu_t / t,
+        cpu_used=cpu_s / t,
+        gpu_used=gpu_s / t,
+    )
+
+
+def load_calibration(path: str | None = None) -> Calibration:
+    """The calibration measured on the reference machine (shipped), or one from ``path``."""
+    import json
+    from importlib import resources
+    from pathlib import Path
+
+    if path is None:
+        text = resources.files("reamer.data").joinpath("calibration.json").read_text()
+    else:
+        text = Path(path).read_text()
+    d = json.loads(text)
+    fields = ("core_gflops", "parallel_fraction", "oversub_penalty", "ps_update_ns_per_byte", "source")
+    return Calibration(**{k: d[k] for k in fields if k in d})

@@ -1,0 +1,46 @@
+"""Model zoo: published sizes and FLOPs of the training workloads NEARCHUS's papers use.
+
+FLOPs are forward FLOPs per sample = 2 × multiply-accumulates, at the resolution / sequence
+length given. ``gpu_samples_per_s`` is fp32 training throughput of one V100-class GPU from
+NVIDIA's published DeepLearningExamples/MLPerf-style results (order of magnitude; only GPU
+jobs use it). ``input_core_s_per_sample`` is CPU input-pipeline cost per sample for GPU jobs:
+~8.6 ms per ImageNet image (decode + augment; Mohan et al., "Analyzing and Mitigating Data
+Stalls in DNN Training", VLDB 2021, ~24 cores per V100 for ~2,800 img/s), tokenized text ~1 ms.
+"""
+
+from __future__ import annotations
+
+from reamer.models.training import ModelProfile
+
+_IMG = 0.0086  # core-s per ImageNet image, input pipeline (Mohan et al. VLDB 2021)
+_TXT = 0.001  # core-s per pre-tokenized text sample
+
+ZOO: dict[str, ModelProfile] = {
+    m.name: m
+    for m in (
+        ModelProfile("resnet50", 25.6, 8.2, 32, 390.0, _IMG, "He et al. CVPR 2016; 4.1 GMACs @224"),
+        ModelProfile("vgg16", 138.4, 31.0, 32, 230.0, _IMG, "Simonyan & Zisserman ICLR 2015; 15.5 GMACs @224"),
+        ModelProfile("inception_v3", 23.8, 11.4, 32, 250.0, _IMG, "Szegedy et al. CVPR 2016; 5.7 GMACs @299"),
+        ModelProfile("mobilenet_v2", 3.5, 0.6, 64, 1200.0, _IMG, "Sandler et al. CVPR 2018; 300M MACs @224"),
+        ModelProfile("densenet121", 8.0, 5.7, 32, 350.0, _IMG, "Huang et al. CVPR 2017; 2.87 GMACs @224"),
+        ModelProfile("nasnet_mobile", 5.3, 1.13, 64, 700.0, _IMG, "Zoph et al. CVPR 2018; 564M MACs @224"),
+        ModelProfile("bert_base", 110.0, 22.5, 16, 100.0, _TXT, "Devlin et al. NAACL 2019; ≈2·86M·128 FLOPs, seq 128"),
+        ModelProfile("gpt2_small", 124.0, 127.0, 8, 25.0, _TXT, "Radford et al. 2019; Kaplan et al. 2020 2N FLOPs/token, seq 512"),
+        ModelProfile("vit_b16", 86.6, 35.1, 32, 180.0, _IMG, "Dosovitskiy et al. ICLR 2021; 17.6 GMACs @224"),
+        ModelProfile("bilstm", 2.76, 0.079, 64, 5000.0, _TXT, "Keras IMDB BiLSTM example: 2×BiLSTM(64), emb 128, len 200"),
+    )
+}
+
+# Relative fp32 throughput of GPU models in the openb trace (NVIDIA datasheet peak FP32
+# TFLOPS / V100's 15.7). Anonymised models (G2, G3) and unknown ones count as 1.0.
+GPU_FACTOR: dict[str, float] = {
+    "V100M16": 1.0,
+    "V100M32": 1.0,
+    "P100": 9.3 / 15.7,
+    "T4": 8.1 / 15.7,
+    "A10": 31.2 / 15.7,
+}
+
+
+def gpu_factor(gpu_model: str) -> float:
+    return GPU_FACTOR.get(gpu_model, 1.0)

@@ -1,0 +1,69 @@
+"""Container placement on a working copy of free capacity (pure; shared by policies).
+
+Strategies: ``spread`` — Kubernetes' default LeastAllocated scoring (most free CPU/GPU
+share first); ``pack`` — best fit (least left over), which keeps whole nodes free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from reamer.domain import ClusterSnapshot, Resources, Role
+from reamer.domain.decisions import Placement
+
+Strategy = Literal["spread", "pack"]
+
+
+class FreeMap:
+    """Free capacity per node as arrays; ``place`` reserves tentatively, ``release`` undoes."""
+
+    def __init__(self, snap: ClusterSnapshot) -> None:
+        self.names = [n.name for n in snap.nodes]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.cap = np.array([(n.cores, n.mem_mib, n.gpus) for n in snap.nodes], dtype=float)
+        self.free = np.array([(f.cpu, f.mem_mib, f.gpu) for f in (snap.free[n] for n in self.names)], dtype=float)
+        self._norm = 1.0 / np.maximum(self.cap, 1e-9)
+
+    def total_free(self) -> Resources:
+        cpu, mem, gpu = self.free.sum(axis=0)
+        return Resources(float(cpu), float(mem), float(gpu))
+
+    def fits(self, res: Resources) -> np.ndarray:
+        need = np.array((res.cpu, res.mem_mib, res.gpu)) - 1e-9
+        return (self.free >= need).all(axis=1)
+
+    def place_one(self, role: Role, res: Resources, strategy: Strategy = "pack",
+                  avoid: set[int] | None = None) -> Placement | None:
+        ok = self.fits(res)
+        if avoid:
+            ok[list(avoid)] = False
+        if not ok.any():
+            return None
+        left = (self.free - (res.cpu, res.mem_mib, res.gpu)) * self._norm
+        score = left[:, 0] + left[:, 2]
+        score = np.where(ok, score if strategy == "pack" else -score, np.inf)
+        i = int(np.argmin(score))
+        self.free[i] -= (res.cpu, res.mem_mib, res.gpu)
+        return Placement(role, self.names[i], res)
+
+    def release(self, p: Placement) -> None:
+        self.free[self.index[p.node]] += (p.res.cpu, p.res.mem_mib, p.res.gpu)
+
+    def reserve(self, node: str, res: Resources) -> None:
+        self.free[self.index[node]] -= (res.cpu, res.mem_mib, res.gpu)
+
+    def place_gang(self, wants: Sequence[tuple[Role, Resources]], strategy: Strategy = "pack") -> tuple[Placement, ...] | None:
+        """Place all containers or none (largest first, so big ones are not starved)."""
+        order = sorted(wants, key=lambda rw: (rw[1].gpu, rw[1].cpu, rw[1].mem_mib), reverse=True)
+        done: list[Placement] = []
+        for role, res in order:
+            p = self.place_one(role, res, strategy)
+            if p is None:
+                for q in done:
+                    self.release(q)
+                return None
+            done.append(p)
+        return tuple(done)

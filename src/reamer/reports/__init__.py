@@ -1,0 +1,1 @@
+"""Results: the one JSON shape (DESIGN.md §4) and interactive HTML reports."""

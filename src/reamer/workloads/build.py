@@ -1,0 +1,195 @@
+"""Turn a scenario into nodes and training jobs (synthetic, openb trace, or a job list).
+
+All randomness comes from the injected ``numpy.random.Generator``: same seed, same jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from reamer.config.scenario import JobList, Openb, Scenario, Synthetic
+from reamer.domain import Node, Resources, TrainingJob
+from reamer.errors import InputError
+from reamer.models.training import Calibration, Side, step
+from reamer.models.zoo import ZOO, gpu_factor
+from reamer.workloads.csvio import integer, number, read_rows
+
+GIB = 1024.0
+
+
+def build_nodes(sc: Scenario) -> list[Node]:
+    c = sc.cluster
+    nodes: list[Node] = []
+    for pool in c.node_pools:
+        for k in range(pool.count):
+            nodes.append(Node(f"{pool.name}-{k:04d}", pool.cores, pool.mem_gib * GIB, pool.gpus,
+                              pool.gpu_model, pool.nic_gbps or c.nic_gbps, pool.name))
+    if c.node_list is not None:
+        nodes.extend(read_openb_nodes(c.node_list, c.nic_gbps, c.max_nodes))
+    by_name = {n.name: i for i, n in enumerate(nodes)}
+    if len(by_name) != len(nodes):
+        raise InputError(sc.source, "cluster", "unique node names")
+    for o in c.overrides:
+        if o.node not in by_name:
+            raise InputError(sc.source, "cluster.overrides.node", "the name of a node in the cluster", o.node)
+        n = nodes[by_name[o.node]]
+        nodes[by_name[o.node]] = Node(
+            n.name,
+            o.cores if o.cores is not None else n.cores,
+            o.mem_gib * GIB if o.mem_gib is not None else n.mem_mib,
+            o.gpus if o.gpus is not None else n.gpus,
+            n.gpu_model,
+            o.nic_gbps if o.nic_gbps is not None else n.nic_gbps,
+            n.pool,
+        )
+    return nodes
+
+
+def read_openb_nodes(path: Path, nic_gbps: float, limit: int | None = None) -> list[Node]:
+    nodes = []
+    for i, row in read_rows(path, ["sn", "cpu_milli", "memory_mib", "gpu", "model"]):
+        if limit is not None and len(nodes) >= limit:
+            break
+        cores = number(path, i, row, "cpu_milli", strict=True) / 1000.0
+        mem = number(path, i, row, "memory_mib", strict=True)
+        gpus = integer(path, i, row, "gpu")
+        model = row["model"].strip()
+        pool = f"gpu-{model or 'unknown'}" if gpus else "cpu"
+        nodes.append(Node(row["sn"], cores, mem, float(gpus), model, nic_gbps, pool))
+    if not nodes:
+        raise InputError(str(path), "rows", "at least one node")
+    return nodes
+
+
+def request_speed(model: str, cal: Calibration, batch: int, ps: int, workers: int,
+                  ps_res: Resources, worker_res: Resources, nic_gbps: float) -> float:
+    """Samples/s of a job at the user's request, each container on its own full link."""
+    prof = ZOO[model]
+    w = [Side(worker_res.cpu, nic_gbps, worker_res.gpu)] * workers
+    p = [Side(ps_res.cpu, nic_gbps)] * ps
+    return step(prof, cal, batch, w, p).speed
+
+
+def build_jobs(sc: Scenario, nodes: list[Node], cal: Calibration, rng: np.random.Generator) -> list[TrainingJob]:
+    wl = sc.workload
+    nic = sc.cluster.nic_gbps
+    if isinstance(wl, Synthetic):
+        _check_models(sc.source, "workload.models", wl.models)
+        return _synthetic(wl, cal, rng, nic)
+    if isinstance(wl, Openb):
+        _check_models(sc.source, "workload.models", wl.models)
+        return _openb(wl, nodes, cal, rng, nic)
+    assert isinstance(wl, JobList)
+    return read_joblist(wl.path, cal, nic)
+
+
+def _check_models(source: str, where: str, models: list[str]) -> None:
+    bad = [m for m in models if m not in ZOO]
+    if bad or not models:
+        raise InputError(source, f"field {where}", f"model names from {', '.join(sorted(ZOO))}", bad or models)
+
+
+def _synthetic(wl: Synthetic, cal: Calibration, rng: np.random.Generator, nic: float) -> list[TrainingJob]:
+    jobs = []
+    t = 0.0
+    lo, hi = (math.log(x) for x in wl.runtime_s)
+    for k in range(wl.jobs):
+        t += float(rng.exponential(wl.mean_interarrival_s))
+        model = wl.models[int(rng.integers(len(wl.models)))]
+        workers = int(rng.integers(wl.workers[0], wl.workers[1] + 1))
+        ps = int(rng.integers(wl.ps[0], wl.ps[1] + 1))
+        mem = wl.container_mem_gib * GIB
+        w_res = Resources(float(rng.choice(wl.worker_cores)), mem, wl.gpus_per_worker)
+        p_res = Resources(float(rng.choice(wl.ps_cores)), mem)
+        runtime = math.exp(float(rng.uniform(lo, hi)))
+        batch = ZOO[model].batch
+        speed = request_speed(model, cal, batch, ps, workers, p_res, w_res, nic)
+        jobs.append(TrainingJob(f"job-{k:05d}", model, t, runtime * speed, ps, workers, p_res, w_res, batch))
+    return jobs
+
+
+def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Generator, nic: float) -> list[TrainingJob]:
+    path = wl.pod_list
+    cols = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "creation_time", "deletion_time", "scheduled_time"]
+    pods = []
+    for i, row in read_rows(path, cols):
+        cpu = number(path, i, row, "cpu_milli", strict=True) / 1000.0
+        mem = number(path, i, row, "memory_mib")
+        ngpu = integer(path, i, row, "num_gpu")
+        gmilli = number(path, i, row, "gpu_milli")
+        created = number(path, i, row, "creation_time")
+        deleted = number(path, i, row, "deletion_time")
+        sched = number(path, i, row, "scheduled_time", default=created)
+        if wl.gpu_only and ngpu == 0:
+            continue
+        dur = min(max(deleted - sched, wl.min_duration_s), wl.max_duration_s)
+        pods.append((row["name"], cpu, mem, ngpu, gmilli, dur))
+        if wl.max_jobs is not None and len(pods) >= wl.max_jobs:
+            break
+    if not pods:
+        raise InputError(str(path), "rows", "at least one pod")
+    total_gpu = sum(n.gpus for n in nodes)
+    if total_gpu > 0:
+        demand = np.mean([ng * gm / 1000.0 * d for _, _, _, ng, gm, d in pods])
+        capacity = total_gpu
+    else:
+        demand = np.mean([c * d for _, c, _, _, _, d in pods])
+        capacity = sum(n.cores for n in nodes)
+    mean_gap = demand / (wl.load * capacity) if demand > 0 else 1.0
+    jobs = []
+    t = 0.0
+    for name, cpu, mem, ngpu, gmilli, dur in pods:
+        t += float(rng.exponential(mean_gap))
+        workers = max(1, ngpu)
+        gpu_each = (ngpu * gmilli / 1000.0) / workers
+        w_res = Resources(cpu / workers, mem / workers, gpu_each)
+        p_res = Resources(wl.ps_cores, wl.ps_mem_gib * GIB)
+        model = wl.models[int(rng.integers(len(wl.models)))]
+        batch = ZOO[model].batch
+        speed = request_speed(model, cal, batch, 1, workers, p_res, w_res, nic)
+        jobs.append(TrainingJob(name, model, t, dur * speed, 1, workers, p_res, w_res, batch,
+                                max_workers=max(16, workers)))
+    return jobs
+
+
+JOBLIST_COLUMNS = ["id", "model", "arrival_s", "ps", "workers", "ps_cpu", "worker_cpu"]
+
+
+def read_joblist(path: Path, cal: Calibration, nic: float) -> list[TrainingJob]:
+    """Generic job list (CSV or JSONL); see docs/scenarios.md for the columns."""
+    jobs = []
+    seen: set[str] = set()
+    for i, row in read_rows(path, JOBLIST_COLUMNS):
+        where = f"line {i}" if path.suffix == ".jsonl" else f"row {i}"
+        jid = row["id"].strip()
+        if not jid or jid in seen:
+            raise InputError(str(path), f"{where}, field id", "a unique, non-empty job id", jid)
+        seen.add(jid)
+        model = row["model"].strip()
+        if model not in ZOO:
+            raise InputError(str(path), f"{where}, field model", f"one of {', '.join(sorted(ZOO))}", model)
+        arrival = number(path, i, row, "arrival_s")
+        ps = integer(path, i, row, "ps", minimum=1)
+        workers = integer(path, i, row, "workers", minimum=1)
+        p_res = Resources(number(path, i, row, "ps_cpu", strict=True),
+                          number(path, i, row, "ps_mem_mib", default=2048.0))
+        w_res = Resources(number(path, i, row, "worker_cpu", strict=True),
+                          number(path, i, row, "worker_mem_mib", default=4096.0),
+                          number(path, i, row, "worker_gpu", default=0.0))
+        batch = integer(path, i, row, "batch", minimum=1, default=ZOO[model].batch)
+        if row.get("samples", "").strip():
+            samples = number(path, i, row, "samples", strict=True)
+        elif row.get("duration_s", "").strip():
+            dur = number(path, i, row, "duration_s", strict=True)
+            samples = dur * request_speed(model, cal, batch, ps, workers, p_res, w_res, nic)
+        else:
+            raise InputError(str(path), f"{where}, field samples", "samples or duration_s (a number > 0)")
+        jobs.append(TrainingJob(jid, model, arrival, samples, ps, workers, p_res, w_res, batch,
+                                max_ps=max(8, ps), max_workers=max(16, workers)))
+    if not jobs:
+        raise InputError(str(path), "rows", "at least one job")
+    jobs.sort(key=lambda j: j.arrival_s)
+    return jobs
