@@ -20,12 +20,21 @@ Strategy = Literal["spread", "pack"]
 class FreeMap:
     """Free capacity per node as arrays; ``place`` reserves tentatively, ``release`` undoes."""
 
-    def __init__(self, snap: ClusterSnapshot) -> None:
-        self.names = [n.name for n in snap.nodes]
-        self.index = {n: i for i, n in enumerate(self.names)}
-        self.cap = np.array([(n.cores, n.mem_mib, n.gpus) for n in snap.nodes], dtype=float)
-        self.free = np.array([(f.cpu, f.mem_mib, f.gpu) for f in (snap.free[n] for n in self.names)], dtype=float)
-        self._norm = 1.0 / np.maximum(self.cap, 1e-9)
+    def __init__(self, snap: ClusterSnapshot, prev: FreeMap | None = None) -> None:
+        """``prev``: the caller's FreeMap of an earlier round; its node arrays are reused
+        when the node list is the same object (backends keep it across rounds)."""
+        if prev is not None and prev.nodes is snap.nodes:
+            self.nodes, self.names, self.index, self.cap, self._norm = (
+                prev.nodes, prev.names, prev.index, prev.cap, prev._norm)
+        else:
+            self.nodes = snap.nodes
+            self.names = [n.name for n in snap.nodes]
+            self.index = {n: i for i, n in enumerate(self.names)}
+            self.cap = np.array([(n.cores, n.mem_mib, n.gpus) for n in snap.nodes], dtype=float)
+            self._norm = 1.0 / np.maximum(self.cap, 1e-9)
+        free = snap.free
+        self.free = np.fromiter((x for n in self.names for f in (free[n],) for x in (f.cpu, f.mem_mib, f.gpu)),
+                                dtype=float, count=3 * len(self.names)).reshape(-1, 3)
 
     def total_free(self) -> Resources:
         cpu, mem, gpu = self.free.sum(axis=0)

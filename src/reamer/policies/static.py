@@ -26,11 +26,12 @@ class Static:
 
     def __init__(self, config: StaticConfig | None = None) -> None:
         self.cfg = config or StaticConfig()
+        self._free: FreeMap | None = None
 
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
         if not snap.queue:
             return []
-        free = FreeMap(snap)
+        free = self._free = FreeMap(snap, self._free)
         failed: set[tuple] = set()
         out: list[Decision] = []
         for job in snap.queue:

@@ -1,0 +1,90 @@
+import numpy as np
+import pytest
+
+from reamer.backends.sim import EventQueue, simulate
+from reamer.backends.sim.cluster import InvalidDecision, SimCluster
+from reamer.backends.sim.engine import Ev
+from reamer.config.scenario import load_scenario
+from reamer.domain import Node, Preempt, Resources, Role, StartJob, TrainingJob
+from reamer.domain.decisions import Placement
+from reamer.models.training import load_calibration
+
+CAL = load_calibration()
+
+
+def small(seed=1, jobs=40):
+    sc = load_scenario(None)
+    return sc.model_copy(update={"seed": seed, "workload": sc.workload.model_copy(update={"jobs": jobs})})
+
+
+def without_wall(m):
+    return {k: v for k, v in m.items() if k != "wall_s"}
+
+
+def test_event_order_is_time_priority_sequence():
+    q = EventQueue()
+    q.push(5, Ev.TICK, "t")
+    q.push(5, Ev.ARRIVAL, "a1")
+    q.push(5, Ev.COMPLETION, "c")
+    q.push(5, Ev.ARRIVAL, "a2")
+    q.push(1, Ev.TICK, "first")
+    assert [q.pop()[2] for _ in range(5)] == ["first", "c", "a1", "a2", "t"]
+
+
+def test_deterministic_for_a_seed():
+    a, b = simulate(small(), "static"), simulate(small(), "static")
+    assert without_wall(a.metrics) == without_wall(b.metrics)
+    assert a.jobs == b.jobs
+    assert without_wall(simulate(small(seed=2), "static").metrics) != without_wall(a.metrics)
+
+
+def test_all_jobs_finish_and_jct_is_queue_plus_run():
+    r = simulate(small(), "static")
+    assert r.metrics["jobs"] == 40 and r.unfinished == 0
+    for j in r.jobs:
+        assert j.start_s >= j.arrival_s and j.end_s > j.start_s
+        assert j.jct_s == pytest.approx(j.end_s - j.arrival_s)
+
+
+def test_busy_cluster_queues_jobs():
+    sc = small(jobs=60)
+    sc = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"node_pools": [
+        sc.cluster.node_pools[0].model_copy(update={"count": 1})]})})
+    r = simulate(sc, "static")
+    assert r.metrics["mean_queue_s"] > 0 and r.metrics["jobs"] == 60
+    assert max(r.series["cpu_alloc_pct"]) <= 100.0 + 1e-9
+
+
+def test_horizon_leaves_jobs_unfinished():
+    sc = small().model_copy(update={"horizon_s": 3000.0})
+    r = simulate(sc, "static")
+    assert r.unfinished > 0 and r.metrics["jobs"] + r.unfinished == 40
+
+
+def _cluster():
+    events = []
+    c = SimCluster([Node("n0", 8, 8192), Node("n1", 8, 8192)], CAL, np.random.default_rng(0),
+                   lambda jid, t, v: events.append((jid, t, v)))
+    spec = TrainingJob("j", "resnet50", 0.0, 1e5, 1, 1, Resources(1, 512), Resources(2, 512))
+    c.arrive(spec, 0.0)
+    return c, events
+
+
+def test_backend_rejects_overcommit_and_keeps_state():
+    c, _ = _cluster()
+    bad = StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)), Placement(Role.WORKER, "n0", Resources(8, 512))))
+    with pytest.raises(InvalidDecision):
+        c.actuate([bad], 0.0)
+    assert c.free["n0"] == Resources(8, 8192) and "j" in c.queue
+
+
+def test_preempt_keeps_progress_and_requeues():
+    c, events = _cluster()
+    c.actuate([StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)), Placement(Role.WORKER, "n1", Resources(2, 512))))], 0.0)
+    assert events and events[-1][1] > 0
+    c.actuate([Preempt("j")], 100.0)
+    assert "j" in c.queue and c.jobs["j"].done > 0
+    assert c.free["n0"] == Resources(8, 8192)
+    # the completion scheduled before preemption is now stale
+    jid, t, v = events[-1]
+    assert not c.complete(jid, v, t)

@@ -1,0 +1,72 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from reamer.cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_simulate_json_is_reproducible(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        r = run("simulate", "--policy", "static", "--seed", "7", "--json", str(out), "-q")
+        assert r.exit_code == 0, r.output
+    da, db = json.loads(a.read_text()), json.loads(b.read_text())
+    for d in (da, db):
+        d["runs"][0]["metrics"].pop("wall_s")
+    assert da == db
+    run0 = da["runs"][0]
+    assert da["bench"] == "simulate" and run0["seed"] == 7 and run0["policy"] == "static"
+    for key in ("jobs", "mean_jct_s", "p50_jct_s", "p95_jct_s", "mean_queue_s", "makespan_s",
+                "cpu_util_pct", "gpu_util_pct"):
+        assert isinstance(run0["metrics"][key], float)
+
+
+def _bad(tmp_path, *args, where: str):
+    out = tmp_path / "out.json"
+    r = run("simulate", *args, "--json", str(out), "-q")
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and where in lines[0], r.output
+    assert not out.exists()
+
+
+def test_unknown_policy(tmp_path):
+    _bad(tmp_path, "--policy", "nosuch", where="expected one of")
+
+
+def test_malformed_yaml(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("cluster: {node_pools: [\n")
+    _bad(tmp_path, str(p), where=f"{p}: line")
+
+
+def test_negative_cpu_in_node_list(tmp_path):
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\na,-1000,1024,0,\n")
+    p = tmp_path / "s.yaml"
+    p.write_text("cluster: {node_list: nodes.csv}\n")
+    _bad(tmp_path, str(p), where=f"{nodes}: row 2, field cpu_milli")
+
+
+def test_missing_column_in_job_list(tmp_path):
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id,model,arrival_s\na,resnet50,0\n")
+    p = tmp_path / "s.yaml"
+    p.write_text("cluster: {node_pools: [{name: a, count: 1, cores: 8, mem_gib: 16}]}\n"
+                 "workload: {kind: joblist, path: jobs.csv}\n")
+    _bad(tmp_path, str(p), where="missing ps")
+
+
+@pytest.mark.slow
+def test_demo_runs_and_writes_report(tmp_path):
+    rep = tmp_path / "r.html"
+    r = run("demo", "--report", str(rep))
+    assert r.exit_code == 0, r.output
+    assert "static" in r.output and rep.stat().st_size > 10_000

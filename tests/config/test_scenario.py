@@ -1,0 +1,56 @@
+import pytest
+
+from reamer.config.scenario import load_scenario
+from reamer.errors import InputError
+
+
+def test_default_is_embedded():
+    sc = load_scenario(None)
+    assert sc.name == "default" and sc.cluster.node_pools
+
+
+def _err(tmp_path, text) -> str:
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg
+    return msg
+
+
+def test_malformed_yaml(tmp_path):
+    msg = _err(tmp_path, "cluster: [\n  node_pools: {\n")
+    assert "line" in msg and "valid YAML" in msg
+
+
+def test_negative_cores(tmp_path):
+    msg = _err(tmp_path, "cluster:\n  node_pools:\n    - {name: a, count: 1, cores: -4, mem_gib: 8}\n")
+    assert "cluster.node_pools.0.cores" in msg and "greater than 0" in msg
+
+
+def test_unknown_field(tmp_path):
+    msg = _err(tmp_path, "cluster:\n  node_pools: []\n  nodes: 3\n")
+    assert "cluster" in msg
+
+
+def test_no_nodes(tmp_path):
+    assert "node_pools or node_list" in _err(tmp_path, "cluster: {}\n")
+
+
+def test_not_a_mapping(tmp_path):
+    assert "YAML mapping" in _err(tmp_path, "- 1\n- 2\n")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="existing scenario"):
+        load_scenario(tmp_path / "nope.yaml")
+
+
+def test_relative_paths_resolve_against_the_file(tmp_path):
+    p = tmp_path / "sub" / "s.yaml"
+    p.parent.mkdir()
+    p.write_text("cluster: {node_list: nodes.csv}\nworkload: {kind: joblist, path: jobs.csv}\n")
+    sc = load_scenario(p)
+    assert sc.cluster.node_list == p.parent / "nodes.csv"
+    assert sc.workload.path == p.parent / "jobs.csv"

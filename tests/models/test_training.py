@@ -1,0 +1,53 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reamer.models.training import Calibration, Side, effective_cores, load_calibration, step
+from reamer.models.zoo import ZOO
+
+CAL = load_calibration()
+
+
+def test_shipped_calibration_has_a_source():
+    assert CAL.source and CAL.core_gflops > 0 and 0 < CAL.parallel_fraction <= 1
+
+
+@given(st.floats(0.1, 64), st.floats(0.1, 64))
+def test_effective_cores_monotone(a, b):
+    lo, hi = sorted((a, b))
+    assert effective_cores(lo, None, CAL) <= effective_cores(hi, None, CAL) + 1e-9
+
+
+def test_oversubscription_penalty():
+    aware = effective_cores(1.0, None, CAL)
+    default = effective_cores(1.0, 32, CAL)
+    assert default < aware
+    cal = Calibration(30, 0.9, 0.0, 0.5)
+    assert effective_cores(1.0, 32, cal) == effective_cores(1.0, None, cal)
+
+
+def test_more_ps_relieves_a_network_bound_job():
+    m = ZOO["vgg16"]  # 553 MB of parameters: network-heavy
+    workers = [Side(8, 1.0)] * 4
+    one = step(m, CAL, 32, workers, [Side(4, 1.0)])
+    two = step(m, CAL, 32, workers, [Side(4, 1.0)] * 2)
+    assert one.bottleneck == "network"
+    assert two.speed > one.speed
+
+
+def test_more_cores_speed_up_a_compute_bound_job():
+    m = ZOO["resnet50"]
+    a = step(m, CAL, 32, [Side(1, 10)] * 2, [Side(1, 10)])
+    b = step(m, CAL, 32, [Side(4, 10)] * 2, [Side(1, 10)])
+    assert a.bottleneck == "compute" and b.speed > a.speed
+
+
+def test_gpu_worker_limited_by_input_pipeline():
+    m = ZOO["resnet50"]
+    starved = step(m, CAL, 32, [Side(0.5, 10, gpu=1.0)], [Side(1, 10)])
+    fed = step(m, CAL, 32, [Side(8, 10, gpu=1.0)], [Side(1, 10)])
+    assert starved.speed < fed.speed <= m.gpu_samples_per_s
+    assert 0 < fed.gpu_used <= 1.0
+
+
+def test_no_worker_means_no_speed():
+    assert step(ZOO["resnet50"], CAL, 32, [], [Side(1, 10)]).speed == 0

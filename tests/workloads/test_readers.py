@@ -1,0 +1,94 @@
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reamer.config.scenario import Openb, load_scenario
+from reamer.errors import InputError
+from reamer.models.training import load_calibration
+from reamer.workloads.build import build_jobs, build_nodes, read_joblist, read_openb_nodes
+
+CAL = load_calibration()
+NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"
+
+
+def test_openb_nodes_real(shared_data):
+    nodes = read_openb_nodes(shared_data / "openb_node_list_all_node.csv", 10.0)
+    assert len(nodes) == 1523
+    assert sum(n.gpus for n in nodes) > 0 and min(n.cores for n in nodes) > 0
+
+
+def test_openb_pods_real_become_seeded_arrivals(shared_data):
+    sc = load_scenario(None).model_copy(update={
+        "cluster": load_scenario(None).cluster.model_copy(
+            update={"node_pools": [], "node_list": shared_data / "openb_node_list_all_node.csv"}),
+        "workload": Openb(pod_list=shared_data / "openb_pod_list_default.csv"),
+    })
+    nodes = build_nodes(sc)
+    a = build_jobs(sc, nodes, CAL, np.random.default_rng(3))
+    b = build_jobs(sc, nodes, CAL, np.random.default_rng(3))
+    c = build_jobs(sc, nodes, CAL, np.random.default_rng(4))
+    assert len(a) == 8152 and a == b and a != c
+    arr = [j.arrival_s for j in a]
+    assert arr == sorted(arr) and all(j.samples > 0 for j in a)
+    assert sum(j.worker_res.gpu * j.workers for j in a) > 0
+
+
+def test_missing_column(tmp_path):
+    p = tmp_path / "n.csv"
+    p.write_text("sn,memory_mib,gpu,model\nx,1024,0,\n")
+    with pytest.raises(InputError, match=r"n\.csv: header: expected columns .*missing cpu_milli"):
+        read_openb_nodes(p, 10.0)
+
+
+@settings(max_examples=25)
+@given(cpu=st.one_of(st.integers(max_value=0), st.floats(max_value=0), st.just("abc"), st.just("nan")))
+def test_bad_cpu_names_row_and_field(tmp_path_factory, cpu):
+    p = tmp_path_factory.mktemp("d") / "n.csv"
+    p.write_text(NODE_HEADER + "a,1000,1024,0,\n" + f"b,{cpu},1024,0,\n")
+    with pytest.raises(InputError) as e:
+        read_openb_nodes(p, 10.0)
+    msg = str(e.value)
+    assert "row 3, field cpu_milli" in msg and "expected a number > 0" in msg and "\n" not in msg
+
+
+def test_ragged_row(tmp_path):
+    p = tmp_path / "n.csv"
+    p.write_text(NODE_HEADER + "a,1000\n")
+    with pytest.raises(InputError, match="row 2"):
+        read_openb_nodes(p, 10.0)
+
+
+JOBS = "id,model,arrival_s,ps,workers,ps_cpu,worker_cpu,duration_s\n"
+
+
+def test_joblist_csv_and_jsonl_agree(tmp_path):
+    c = tmp_path / "j.csv"
+    c.write_text(JOBS + "a,resnet50,0,1,2,1,2,600\nb,bilstm,30,1,1,1,1,60\n")
+    j = tmp_path / "j.jsonl"
+    rows = [dict(id="a", model="resnet50", arrival_s=0, ps=1, workers=2, ps_cpu=1, worker_cpu=2, duration_s=600),
+            dict(id="b", model="bilstm", arrival_s=30, ps=1, workers=1, ps_cpu=1, worker_cpu=1, duration_s=60)]
+    j.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert read_joblist(c, CAL, 10) == read_joblist(j, CAL, 10)
+
+
+@pytest.mark.parametrize("row, where", [
+    ("a,nosuchmodel,0,1,1,1,1,60", "row 2, field model"),
+    ("a,resnet50,0,0,1,1,1,60", "row 2, field ps"),
+    ("a,resnet50,0,1,1,1,-2,60", "row 2, field worker_cpu"),
+    ("a,resnet50,0,1,1,1,1,", "row 2, field samples"),
+])
+def test_joblist_errors(tmp_path, row, where):
+    p = tmp_path / "j.csv"
+    p.write_text(JOBS + row + "\n")
+    with pytest.raises(InputError, match=where):
+        read_joblist(p, CAL, 10)
+
+
+def test_jsonl_bad_line(tmp_path):
+    p = tmp_path / "j.jsonl"
+    p.write_text("{not json}\n")
+    with pytest.raises(InputError, match="line 1"):
+        read_joblist(p, CAL, 10)
