@@ -19,6 +19,7 @@ class ContainerTelemetry:
     net_gbps: float  # average throughput
     net_capacity_gbps: float  # the link's capacity as seen by this container
     mem_used_mib: float = 0.0
+    gpu_util: float = 0.0  # share of the container's GPU time busy, 0..1
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,6 +193,7 @@ class SimCluster:
                 net_gbps=traffic / 1e9 * self._noise(),
                 net_capacity_gbps=self._bw(c),
                 mem_used_mib=c.res.mem_mib * 0.8,
+                gpu_util=min(1.0, st.gpu_busy * self._noise()) if c.res.gpu > 0 and c.role is Role.WORKER else 0.0,
             )
         return out
 
@@ -333,9 +334,18 @@ class SimCluster:
 
     # ------------------------------------------------------------- dynamics
     def _bw(self, c: Container) -> float:
-        """Per-container share of its node's NIC (fair share among networked containers)."""
+        """A container's share of its node's NIC: fair share among the flows active at once.
+
+        Each PS/worker container is on the network for its job's ``net_busy`` share of a
+        step (as of the job's current speed; a new container counts as always active), so
+        the node carries ``Σ net_busy`` concurrent flows on average.
+        """
         node = self.node_by_name[c.node]
-        return node.nic_gbps / max(1, len(self.on_node[c.node]))
+        active = 0.0
+        for cid in self.on_node[c.node]:
+            st = self.jobs[self.owner[cid]].step
+            active += st.net_busy if st.speed > 0 else 1.0
+        return node.nic_gbps / max(1.0, active)
 
     def _progress(self, j: _Job, now: float) -> None:
         if j.state is JobState.RUNNING and now > j.t_last:

@@ -1,0 +1,54 @@
+"""Bottleneck diagnosis from one interval of job telemetry (pure; shared by policies).
+
+A job is *network*-bound when a PS or worker link runs near capacity, *gpu*-bound when its
+workers' GPUs are busy most of the time, *compute*-bound when its workers use most of their
+CPU limit, *ps*-bound when its PS containers do, and *none* when nothing is saturated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reamer.domain import JobTelemetry, JobView, Role
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    bottleneck: str  # "network" | "gpu" | "compute" | "ps" | "none"
+    worker_cpu_util: float  # mean used/limit of workers
+    worker_throttled: float  # mean share of CFS periods throttled, workers
+    gpu_util: float  # mean GPU busy share of GPU workers
+    ps_cpu_util: float  # max used/limit of PS
+    net_util: float  # max link utilization of the job's containers
+    cpu_used: float  # cores the job actually used
+
+
+def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float) -> Diagnosis:
+    w_util, ps_util, thr, gpu, net, used = [], [], [], [], 0.0, 0.0
+    for c in job.containers:
+        t = tel.containers.get(c.id)
+        if t is None:
+            continue
+        util = t.cpu_used / t.cpu_limit if t.cpu_limit > 0 else 0.0
+        (w_util if c.role is Role.WORKER else ps_util).append(util)
+        if c.role is Role.WORKER:
+            thr.append(t.throttled_ratio)
+            if c.res.gpu > 0:
+                gpu.append(t.gpu_util)
+        if t.net_capacity_gbps > 0:
+            net = max(net, t.net_gbps / t.net_capacity_gbps)
+        used += t.cpu_used
+    wu = sum(w_util) / len(w_util) if w_util else 0.0
+    pu = max(ps_util, default=0.0)
+    gu = sum(gpu) / len(gpu) if gpu else 0.0
+    if net >= net_sat:
+        b = "network"
+    elif gu >= cpu_sat:
+        b = "gpu"
+    elif wu >= cpu_sat and wu >= pu:
+        b = "compute"
+    elif pu >= cpu_sat:
+        b = "ps"
+    else:
+        b = "none"
+    return Diagnosis(b, wu, sum(thr) / len(thr) if thr else 0.0, gu, pu, net, used)

@@ -1,0 +1,353 @@
+"""NEARCHUS: adaptive resource allocation for PS training jobs (Tariq et al., NOMS 2024;
+control logic from the authors' patent US 11,665,106 B2; DESIGN.md §1).
+
+Per running job, every control interval:
+
+1. **Stabilize** — after any change, wait until the job's measured speed is stable: at
+   least ``stable_samples`` intervals that do not straddle the change, with a coefficient
+   of variation ≤ ``stable_cv`` (or ``max_wait_samples`` intervals, whichever first).
+2. **Evaluate the last change** — resource efficiency = relative speed gain ÷ relative
+   cores added. A change that gained less than ``min_gain`` is reverted (and that action is
+   blocked for ``block_s``); one that paid is kept as an *increment* with its gain per core.
+3. **Diagnose and act** (:mod:`reamer.policies.diagnosis`):
+   * network-bound → outscale: add a PS;
+   * PS-CPU-bound → upscale the PS while vertical efficiency ≥ ``efficiency_threshold``,
+     else add a PS;
+   * compute-bound → upscale the workers while vertical efficiency ≥ threshold, else
+     outscale: add a worker (parallelism);
+   * nothing saturated → trim the workers' CPU limit to what they use (+margin): what the
+     job does not need is given back (the joint loop hands it to inference).
+   Every job stays within its per-job maximum (``max_growth`` × requested cores, the spec's
+   ``max_ps``/``max_workers``/``max_cores_per_container``).
+
+Cluster level: queued jobs start FIFO (with backfill) at their request, or at the largest
+smaller shape that fits (≥ 1 PS + 1 worker) and then grow; when the head of the queue cannot
+start, increments are taken back from running jobs, least efficient (gain per core) first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from reamer.domain import (
+    AddContainer,
+    ClusterSnapshot,
+    Decision,
+    JobView,
+    RemoveContainer,
+    Resize,
+    Resources,
+    Role,
+    StartJob,
+    TrainingJob,
+)
+from reamer.domain.decisions import Placement
+from reamer.policies.diagnosis import Diagnosis, diagnose
+from reamer.policies.placement import FreeMap, Strategy
+
+
+class NearchusConfig(BaseModel):
+    """Every threshold of the policy (documented in docs/nearchus.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    stable_samples: int = Field(2, ge=1)
+    stable_cv: float = Field(0.06, gt=0)
+    max_wait_samples: int = Field(5, ge=1)
+    min_gain: float = Field(0.05, ge=0)  # relative speed gain a grow must bring to be kept
+    efficiency_threshold: float = Field(0.3, ge=0)  # (ΔS/S)/(ΔR/R) to keep scaling vertically
+    cpu_saturation: float = Field(0.85, gt=0, le=1)
+    net_saturation: float = Field(0.8, gt=0, le=1)
+    upscale_factor: float = Field(1.5, gt=1)
+    core_step: float = Field(0.5, gt=0)  # CPU limits are multiples of this
+    max_growth: float = Field(4.0, ge=1)  # per-job maximum: × requested cores
+    trim: bool = True
+    trim_below: float = Field(0.5, gt=0, le=1)  # worker CPU util under which limits are trimmed
+    trim_margin: float = Field(0.25, ge=0)
+    trim_throttled: float = Field(0.1, ge=0, le=1)  # ... and throttled in fewer periods than this
+    block_s: float = Field(1800.0, ge=0)  # an action that did not pay is not retried for this long
+    reclaim: bool = True
+    start_fractions: list[float] = [1.0]  # worker CPU shares tried when the request does not fit
+    outscale: bool = True  # ablation: False = vertical scaling only
+    stabilize: bool = True  # ablation: False = act on every interval's raw sample
+    placement: Strategy = "spread"
+
+
+@dataclass
+class _Change:
+    kind: str
+    at: float
+    speed_before: float
+    cores_before: float
+    cores_after: float
+    undo: list[tuple[str, Resources]] = field(default_factory=list)  # resize back
+    ids_before: frozenset[str] = frozenset()
+    added: list[str] = field(default_factory=list)  # containers to remove to undo
+    gain_per_core: float = 0.0
+
+    def undo_decisions(self) -> list[Decision]:
+        return [Resize(cid, res) for cid, res in self.undo] + [RemoveContainer(c) for c in self.added]
+
+
+@dataclass
+class _Job:
+    last_change: float
+    samples: list[float] = field(default_factory=list)
+    pending: _Change | None = None
+    increments: list[_Change] = field(default_factory=list)
+    blocked: dict[str, float] = field(default_factory=dict)
+    vertical_eff: float | None = None
+
+
+def _cores(job: JobView) -> float:
+    return sum(c.res.cpu for c in job.containers)
+
+
+def _request_cores(spec: TrainingJob) -> float:
+    return spec.ps * spec.ps_res.cpu + spec.workers * spec.worker_res.cpu
+
+
+class Nearchus:
+    name = "nearchus"
+
+    def __init__(self, config: NearchusConfig | None = None, interval_s: float = 60.0) -> None:
+        self.cfg = config or NearchusConfig()
+        self.interval_s = interval_s
+        self.jobs: dict[str, _Job] = {}
+        self._free: FreeMap | None = None
+
+    # ----------------------------------------------------------------- round
+    def decide(self, snap: ClusterSnapshot) -> list[Decision]:
+        free = self._free = FreeMap(snap, self._free)
+        out: list[Decision] = []
+        running = {j.id: j for j in snap.running}
+        for jid in list(self.jobs):
+            if jid not in running:
+                del self.jobs[jid]
+        for job in snap.running:
+            st = self.jobs.setdefault(job.id, _Job(job.started_s or snap.now))
+            if st.pending is not None and not st.pending.added and st.pending.kind.startswith("add"):
+                st.pending.added = sorted({c.id for c in job.containers} - st.pending.ids_before)
+            tel = snap.telemetry.get(job.id)
+            if tel is not None and tel.since_s >= st.last_change - 1e-9:
+                st.samples.append(tel.speed)
+        if self.cfg.reclaim and snap.queue:
+            out += self._reclaim(snap, running, free)
+        out += self._start(snap, free)
+        waiting = bool(snap.queue) and any(isinstance(d, StartJob) for d in out) is False
+        for job in snap.running:
+            tel = snap.telemetry.get(job.id)
+            if tel is None:
+                continue
+            out += self._adapt(job, self.jobs[job.id], tel, snap.now, free, grow=not waiting)
+        return out
+
+    # --------------------------------------------------------------- per job
+    def _stable_speed(self, st: _Job) -> float | None:
+        s = st.samples
+        if not self.cfg.stabilize:
+            return s[-1] if s else None
+        k = self.cfg.stable_samples
+        if len(s) < k:
+            return None
+        last = np.array(s[-k:])
+        mean = float(last.mean())
+        if mean <= 0:
+            return None
+        if float(last.std()) / mean <= self.cfg.stable_cv or len(s) >= self.cfg.max_wait_samples:
+            return mean
+        return None
+
+    def _reset(self, st: _Job, now: float) -> None:
+        st.samples = []
+        st.last_change = now
+
+    def _adapt(self, job: JobView, st: _Job, tel, now: float, free: FreeMap, grow: bool) -> list[Decision]:
+        speed = self._stable_speed(st)
+        if speed is None:
+            return []
+        ch = st.pending
+        if ch is not None:
+            st.pending = None
+            gain = speed / ch.speed_before - 1.0 if ch.speed_before > 0 else 0.0
+            if ch.kind == "trim":
+                if gain < -self.cfg.min_gain:  # trimming hurt: give the cores back
+                    return self._revert(job, st, ch, now, free, block=True)
+            elif gain < self.cfg.min_gain:
+                return self._revert(job, st, ch, now, free, block=True)
+            else:
+                added = ch.cores_after - ch.cores_before
+                ch.gain_per_core = (speed - ch.speed_before) / added if added > 0 else math.inf
+                if ch.kind.startswith("up"):
+                    st.vertical_eff = gain / (added / ch.cores_before) if added > 0 else 0.0
+                st.increments.append(ch)
+        d = diagnose(job, tel, self.cfg.cpu_saturation, self.cfg.net_saturation)
+        for kind in self._plan(d, st):
+            if not grow and kind != "trim":
+                continue  # jobs are waiting: idle cores go to them, not to growth
+            dec = self._act(kind, job, st, d, speed, now, free)
+            if dec:
+                return dec
+        return []
+
+    def _plan(self, d: Diagnosis, st: _Job) -> list[str]:
+        vertical_ok = st.vertical_eff is None or st.vertical_eff >= self.cfg.efficiency_threshold
+        out = self.cfg.outscale
+        if d.bottleneck == "network":
+            return ["add_ps"] if out else []
+        if d.bottleneck == "ps":
+            return (["up_ps"] if vertical_ok else []) + (["add_ps"] if out else []) + ["up_ps"]
+        if d.bottleneck == "compute":
+            return (["up_workers"] if vertical_ok else []) + (["add_worker"] if out else []) + ["up_workers"]
+        trim = ["trim"] if self._trimmable(d) else []
+        if d.bottleneck == "gpu":  # a GPU cannot be upscaled: parallelism is the way
+            return trim + (["add_worker"] if out else [])
+        return trim
+
+    def _trimmable(self, d: Diagnosis) -> bool:
+        """Workers use little of their limit and the quota never binds (not throttled)."""
+        return (self.cfg.trim and d.worker_cpu_util < self.cfg.trim_below
+                and d.worker_throttled < self.cfg.trim_throttled)
+
+    def _act(self, kind: str, job: JobView, st: _Job, d: Diagnosis, speed: float, now: float,
+             free: FreeMap) -> list[Decision]:
+        if st.blocked.get(kind, -math.inf) > now:
+            return []
+        spec = job.spec
+        cores = _cores(job)
+        cap = self.cfg.max_growth * _request_cores(spec)
+        ids = frozenset(c.id for c in job.containers)
+        decisions: list[Decision] = []
+        undo: list[tuple[str, Resources]] = []
+        if kind in ("up_workers", "up_ps", "trim"):
+            role = Role.PS if kind == "up_ps" else Role.WORKER
+            targets = job.of_role(role)
+            new_total = cores
+            for c in targets:
+                if kind == "trim":
+                    want = self._round(max(self.cfg.core_step, c.res.cpu * d.worker_cpu_util * (1 + self.cfg.trim_margin)))
+                    if want >= c.res.cpu:
+                        continue
+                else:
+                    want = min(spec.max_cores_per_container, self._round(c.res.cpu * self.cfg.upscale_factor))
+                    room = free.free[free.index[c.node]][0]
+                    want = min(want, c.res.cpu + math.floor(room / self.cfg.core_step) * self.cfg.core_step)
+                    if want <= c.res.cpu or new_total + want - c.res.cpu > cap + 1e-9:
+                        continue
+                new = Resources(want, c.res.mem_mib, c.res.gpu)
+                free.reserve(c.node, new - c.res)
+                decisions.append(Resize(c.id, new))
+                undo.append((c.id, c.res))
+                new_total += want - c.res.cpu
+            if not decisions:
+                return []
+            after = new_total
+        else:
+            role = Role.PS if kind == "add_ps" else Role.WORKER
+            have = len(job.of_role(role))
+            if have >= (spec.max_ps if role is Role.PS else spec.max_workers):
+                return []
+            tmpl = job.of_role(role)[0].res
+            if cores + tmpl.cpu > cap + 1e-9:
+                return []
+            p = free.place_one(role, tmpl, self.cfg.placement)
+            if p is None:
+                return []
+            decisions.append(AddContainer(job.id, p))
+            after = cores + tmpl.cpu
+        st.pending = _Change(kind, now, speed, cores, after, undo, ids)
+        self._reset(st, now)
+        return decisions
+
+    def _round(self, cores: float) -> float:
+        step = self.cfg.core_step
+        return max(step, math.ceil(cores / step - 1e-9) * step)
+
+    def _revert(self, job: JobView, st: _Job, ch: _Change, now: float, free: FreeMap,
+                block: bool) -> list[Decision]:
+        present = {c.id: c for c in job.containers}
+        decisions: list[Decision] = []
+        for d in ch.undo_decisions():
+            c = present.get(d.container)
+            if c is None:
+                continue
+            if isinstance(d, Resize):
+                room = free.free[free.index[c.node]][0]
+                cpu = min(d.res.cpu, c.res.cpu + math.floor(room / self.cfg.core_step) * self.cfg.core_step)
+                if cpu == c.res.cpu:
+                    continue  # undoing a trim: the cores went to someone else meanwhile
+                d = Resize(c.id, Resources(cpu, d.res.mem_mib, d.res.gpu))
+                free.reserve(c.node, d.res - c.res)
+            else:
+                free.reserve(c.node, Resources() - c.res)
+            decisions.append(d)
+        if block:
+            st.blocked[ch.kind] = now + self.cfg.block_s
+        if ch.kind.startswith("up"):
+            st.vertical_eff = None if ch.kind == "trim" else 0.0
+        self._reset(st, now)
+        return decisions
+
+    # ---------------------------------------------------------- cluster level
+    def _shapes(self, spec: TrainingJob) -> list[tuple[tuple[Role, Resources], ...]]:
+        """The request first, then smaller gangs down to 1 PS + 1 worker."""
+        shapes = []
+        for w in range(spec.workers, 0, -1):
+            for k in self.cfg.start_fractions:  # thinner containers first: per core they train faster
+                wr = spec.worker_res
+                wres = Resources(max(self.cfg.core_step, self._round(wr.cpu * k)), wr.mem_mib, wr.gpu)
+                shapes.append(((Role.PS, spec.ps_res),) * spec.ps + ((Role.WORKER, wres),) * w)
+        return list(dict.fromkeys(shapes))
+
+    def _start(self, snap: ClusterSnapshot, free: FreeMap) -> list[Decision]:
+        out: list[Decision] = []
+        failed: set[tuple] = set()
+        for job in snap.queue:
+            s = job.spec
+            key = (s.ps_res, s.worker_res)
+            if key in failed:
+                continue
+            for shape in self._shapes(s):
+                placed = free.place_gang(shape, self.cfg.placement)
+                if placed is not None:
+                    out.append(StartJob(job.id, placed))
+                    self.jobs[job.id] = _Job(snap.now)
+                    break
+            else:
+                failed.add(key)
+        return out
+
+    def _reclaim(self, snap: ClusterSnapshot, running: dict[str, JobView], free: FreeMap) -> list[Decision]:
+        head = snap.queue[0].spec
+        need = [(Role.PS, head.ps_res), (Role.WORKER, head.worker_res)]
+        trial = free.place_gang(need, self.cfg.placement)
+        if trial is not None:
+            for p in trial:
+                free.release(p)
+            return []
+        want = head.ps_res + head.worker_res
+        have = free.total_free()
+        deficit = Resources(max(0.0, want.cpu - have.cpu), max(0.0, want.mem_mib - have.mem_mib),
+                            max(0.0, want.gpu - have.gpu))
+        tops = sorted(((st.increments[-1].gain_per_core, jid) for jid, st in self.jobs.items()
+                       if st.increments and st.pending is None and jid in running))
+        out: list[Decision] = []
+        freed = Resources()
+        for _, jid in tops:
+            if (freed.cpu >= deficit.cpu and freed.gpu >= deficit.gpu and freed.mem_mib >= deficit.mem_mib
+                    and (deficit.cpu or deficit.gpu or deficit.mem_mib)):
+                break
+            st, job = self.jobs[jid], running[jid]
+            ch = st.increments.pop()
+            before = {c.id: c.res for c in job.containers}
+            decisions = self._revert(job, st, ch, snap.now, free, block=False)
+            for d in decisions:
+                old = before[d.container]
+                freed = freed + (old - d.res if isinstance(d, Resize) else old)
+            out += decisions
+            if not (deficit.cpu or deficit.gpu or deficit.mem_mib):
+                break  # enough in total but fragmented: one increment per round
+        return out
