@@ -49,9 +49,13 @@ class NodeOverride(_Strict):
 class Cluster(_Strict):
     node_pools: list[NodePool] = []
     node_list: Path | None = None  # openb node list CSV (sn, cpu_milli, memory_mib, gpu, model)
-    max_nodes: Annotated[int, Field(ge=1)] | None = None  # first N rows of node_list
+    max_nodes: Annotated[int, Field(ge=1)] | None = None  # evenly spaced subset of node_list
     nic_gbps: Pos = 10.0  # assumption: openb lists no NICs; 10 GbE default
     overrides: list[NodeOverride] = []
+    # A job pauses this long when its PS/worker set changes (checkpoint + restart of PS
+    # training); resizing a container's CPU is live. Assumption until the local backend
+    # measures it (docs/nearchus.md shows results with 0 and 30 s).
+    restart_s: NonNeg = 30.0
 
     @model_validator(mode="after")
     def _some_nodes(self) -> Cluster:

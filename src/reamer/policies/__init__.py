@@ -13,11 +13,13 @@ from pydantic import BaseModel, ValidationError
 
 from reamer.errors import InputError
 from reamer.policies.nearchus import Nearchus, NearchusConfig
+from reamer.policies.optimus import Optimus, OptimusConfig
 from reamer.policies.static import Static, StaticConfig
 
 # name -> (config model, factory(config, rng, interval_s))
 _REGISTRY: dict[str, tuple[type[BaseModel], Callable[..., Any]]] = {
     "static": (StaticConfig, lambda cfg, rng, interval_s: Static(cfg)),
+    "optimus": (OptimusConfig, lambda cfg, rng, interval_s: Optimus(cfg, interval_s)),
     "nearchus": (NearchusConfig, lambda cfg, rng, interval_s: Nearchus(cfg, interval_s)),
 }
 

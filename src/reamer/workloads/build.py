@@ -51,8 +51,6 @@ def build_nodes(sc: Scenario) -> list[Node]:
 def read_openb_nodes(path: Path, nic_gbps: float, limit: int | None = None) -> list[Node]:
     nodes = []
     for i, row in read_rows(path, ["sn", "cpu_milli", "memory_mib", "gpu", "model"]):
-        if limit is not None and len(nodes) >= limit:
-            break
         cores = number(path, i, row, "cpu_milli", strict=True) / 1000.0
         mem = number(path, i, row, "memory_mib", strict=True)
         gpus = integer(path, i, row, "gpu")
@@ -61,6 +59,8 @@ def read_openb_nodes(path: Path, nic_gbps: float, limit: int | None = None) -> l
         nodes.append(Node(row["sn"], cores, mem, float(gpus), model, nic_gbps, pool))
     if not nodes:
         raise InputError(str(path), "rows", "at least one node")
+    if limit is not None and limit < len(nodes):  # evenly spaced rows keep the cluster's mix
+        nodes = [nodes[int(k * len(nodes) / limit)] for k in range(limit)]
     return nodes
 
 

@@ -61,6 +61,7 @@ class _Job:
     tel_since: float = 0.0
     tel_done: float = 0.0
     view: JobView | None = None
+    paused_until: float = 0.0  # checkpoint + restart after a change of its PS/worker set
 
 
 @dataclass
@@ -85,6 +86,7 @@ class SimCluster:
         on_change: Callable[[str, float, int], None],
         noise_pct: float = 0.0,
         telemetry_interval_s: float | None = None,
+        restart_s: float = 0.0,
     ) -> None:
         self.nodes = tuple(nodes)
         self.node_by_name = {n.name: n for n in self.nodes}
@@ -103,6 +105,7 @@ class SimCluster:
         self.totals = Totals()
         self.cpu_used = self.gpu_used = self.cpu_alloc = self.gpu_alloc = 0.0
         self.telemetry_interval_s = telemetry_interval_s
+        self.restart_s = restart_s
         self.next_telemetry = telemetry_interval_s or math.inf
 
     # ------------------------------------------------------------------ events
@@ -298,6 +301,7 @@ class SimCluster:
     def _add(self, d: AddContainer, now: float) -> set[str]:
         j = self._job(d.job, JobState.RUNNING)
         self._changed(j, now)
+        j.paused_until = now + self.restart_s
         self._place(j, d.placement)
         return {d.placement.node, "job:" + j.spec.id}
 
@@ -306,6 +310,7 @@ class SimCluster:
         if sum(1 for x in j.containers.values() if x.role is c.role) <= 1:
             raise InvalidDecision(f"remove {c.id}: a job keeps at least one {c.role.value}")
         self._changed(j, now)
+        j.paused_until = now + self.restart_s
         self._unplace(c)
         del j.containers[c.id]
         return {c.node, "job:" + j.spec.id}
@@ -348,8 +353,9 @@ class SimCluster:
         return node.nic_gbps / max(1.0, active)
 
     def _progress(self, j: _Job, now: float) -> None:
-        if j.state is JobState.RUNNING and now > j.t_last:
-            j.done = min(j.spec.samples, j.done + j.step.speed * (now - j.t_last))
+        start = max(j.t_last, j.paused_until)
+        if j.state is JobState.RUNNING and now > start:
+            j.done = min(j.spec.samples, j.done + j.step.speed * (now - start))
         j.t_last = now
 
     def _account(self, j: _Job, new: Step) -> None:
@@ -373,12 +379,12 @@ class SimCluster:
             self._progress(j, now)
             new = self._speed(j)
             j.view = None
-            if new.speed == j.step.speed and new.cpu_used == j.step.cpu_used:
+            if new.speed == j.step.speed and new.cpu_used == j.step.cpu_used and j.paused_until <= now:
                 continue
             self._account(j, new)
             j.version += 1
             left = j.spec.samples - j.done
-            eta = now + left / new.speed if new.speed > 0 else math.inf
+            eta = max(now, j.paused_until) + left / new.speed if new.speed > 0 else math.inf
             self.on_change(jid, eta, j.version)
 
     def _speed(self, j: _Job) -> Step:

@@ -82,7 +82,7 @@ def simulate(
 
     q = EventQueue()
     cluster = SimCluster(nodes, cal, rng_noise, lambda jid, t, v: q.push(t, Ev.COMPLETION, (jid, v)),
-                         sc.policy.telemetry_noise_pct, policy.interval_s)
+                         sc.policy.telemetry_noise_pct, policy.interval_s, sc.cluster.restart_s)
     for spec in jobs:
         q.push(spec.arrival_s, Ev.ARRIVAL, spec)
     if policy.interval_s:

@@ -1,0 +1,157 @@
+"""NEARCHUS vs Optimus vs static (and ablations), side by side, same seeds.
+
+    python bench/nearchus.py --json bench-nearchus.json [--seeds 1 2 3] [--quick]
+
+Scenarios: ``default`` (the embedded one) and ``openb`` (an evenly spaced subset of the
+openb nodes, GPU pods of the openb pod list as jobs, models from the zoo; needs
+../shared/data). Metrics per run: mean_jct_s, p95_jct_s, mean_queue_s, makespan_s,
+cpu_util_pct, reconfigurations, speedup_vs_static_ratio (mean over jobs of the job's speed
+under the policy ÷ its speed under static, same seed). Ratios: nearchus/static and
+nearchus/optimus of JCT, queueing and speed-up, min and max over seeds. Also writes
+docs/results.md (the NEARCHUS table) unless --no-docs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from _common import OPENB_NODES, OPENB_PODS, REPO
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from reamer.backends.sim import simulate
+from reamer.config.scenario import Scenario, load_scenario, parse_scenario
+from reamer.models.training import load_calibration
+from reamer.policies import make_policy
+from reamer.reports.results import document, run_entry, write_json
+
+KEYS = ["mean_jct_s", "p95_jct_s", "mean_queue_s", "makespan_s", "cpu_util_pct", "reconfigurations"]
+POLICIES = {  # run name -> (policy, options)
+    "static": ("static", {}),
+    "optimus": ("optimus", {}),
+    "nearchus": ("nearchus", {}),
+    "nearchus-no-outscale": ("nearchus", {"outscale": False}),
+    "nearchus-no-stabilize": ("nearchus", {"stabilize": False}),
+}
+PAPER = {"speed": "+71.4% to +129.1%", "jct": "−35.6%", "queue": "−67.8%"}
+
+
+def openb_scenario(quick: bool) -> Scenario:
+    return parse_scenario({
+        "name": "openb",
+        "cluster": {"node_list": str(OPENB_NODES), "max_nodes": 24 if quick else 48, "nic_gbps": 10},
+        "workload": {"kind": "openb", "pod_list": str(OPENB_PODS), "gpu_only": True,
+                     "max_jobs": 150 if quick else 300, "load": 0.9, "max_duration_s": 86400},
+    }, "bench/nearchus.py")
+
+
+def scenarios(quick: bool) -> list[Scenario]:
+    out = [load_scenario(None)]
+    if OPENB_NODES.is_file() and OPENB_PODS.is_file():
+        out.append(openb_scenario(quick))
+    else:
+        print(f"openb scenario skipped: {OPENB_NODES.parent} not found", file=sys.stderr)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--quick", action="store_true", help="smaller openb subset, two seeds")
+    ap.add_argument("--no-docs", action="store_true")
+    args = ap.parse_args()
+    seeds = args.seeds[:2] if args.quick else args.seeds
+    cal = load_calibration()
+    runs, per = [], {}
+    scs = scenarios(args.quick)
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("simulating", total=len(scs) * len(seeds) * len(POLICIES))
+        for base in scs:
+            for seed in seeds:
+                sc = base.model_copy(update={"seed": seed})
+                res = {}
+                for run_name, (pol, opts) in POLICIES.items():
+                    policy = make_policy(pol, opts, np.random.default_rng(seed), sc.policy.interval_s)
+                    res[run_name] = simulate(sc, policy, cal)
+                    bar.advance(task)
+                base_speed = {j.id: j.speed for j in res["static"].jobs}
+                for run_name, r in res.items():
+                    ratios = [j.speed / base_speed[j.id] for j in r.jobs if j.id in base_speed]
+                    m = {k: r.metrics[k] for k in KEYS}
+                    m["speedup_vs_static_ratio"] = float(np.mean(ratios))
+                    m["jobs"] = r.metrics["jobs"]
+                    per[(sc.name, seed, run_name)] = m
+                    runs.append(run_entry(sc.name, seed, run_name, m, {"restart_s": sc.cluster.restart_s}))
+    ratios = {}
+    for name in {s for s, _, _ in per}:
+        for other in ("static", "optimus"):
+            for key, label in (("mean_jct_s", "jct"), ("mean_queue_s", "queue"), ("speedup_vs_static_ratio", "speedup")):
+                vals = []
+                for seed in seeds:
+                    a, b = per[(name, seed, "nearchus")][key], per[(name, seed, other)][key]
+                    vals.append(a / b if b else float("nan"))
+                ratios[f"{label}_nearchus_over_{other}_{name}_min_ratio"] = float(np.nanmin(vals))
+                ratios[f"{label}_nearchus_over_{other}_{name}_max_ratio"] = float(np.nanmax(vals))
+    doc = document("nearchus", runs, ratios)
+    if args.json_out:
+        write_json(args.json_out, doc)
+    table(per, seeds)
+    if not args.no_docs:
+        write_docs(per, seeds, ratios)
+    return 0
+
+
+def table(per: dict, seeds: list[int]) -> None:
+    t = Table(title="NEARCHUS benchmark (mean over seeds)")
+    for c in ("scenario", "policy", "mean JCT (h)", "p95 JCT (h)", "queue (min)", "speed-up ×", "CPU %", "reconfigs"):
+        t.add_column(c)
+    for (name, run_name) in dict.fromkeys((s, p) for s, _, p in per):
+        ms = [per[(name, s, run_name)] for s in seeds]
+        avg = {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
+        t.add_row(name, run_name, f"{avg['mean_jct_s'] / 3600:.2f}", f"{avg['p95_jct_s'] / 3600:.2f}",
+                  f"{avg['mean_queue_s'] / 60:.1f}", f"{avg['speedup_vs_static_ratio']:.2f}",
+                  f"{avg['cpu_util_pct']:.1f}", f"{avg['reconfigurations']:.0f}")
+    Console(width=140).print(t)
+
+
+def write_docs(per: dict, seeds: list[int], ratios: dict) -> None:
+    lines = ["<!-- NEARCHUS section: regenerated by bench/nearchus.py -->", "## NEARCHUS",
+             "", f"Seeds {', '.join(map(str, seeds))}; values are min–max over seeds, against `static` "
+             "(same seed, same workload). Regenerate: `python bench/nearchus.py --json bench-nearchus.json`.", "",
+             "| scenario | claim | paper | nearchus vs static | nearchus vs optimus |", "|---|---|---|---|---|"]
+    for name in dict.fromkeys(s for s, _, _ in per):
+        def rng(label, other, pct=True):
+            lo = ratios[f"{label}_nearchus_over_{other}_{name}_min_ratio"]
+            hi = ratios[f"{label}_nearchus_over_{other}_{name}_max_ratio"]
+            f = (lambda v: f"{(v - 1) * 100:+.1f}%") if pct else (lambda v: f"{v:.2f}×")
+            return f"{f(lo)} to {f(hi)}"
+        lines.append(f"| {name} | per-job training speed | {PAPER['speed']} | {rng('speedup', 'static')} | {rng('speedup', 'optimus')} |")
+        lines.append(f"| {name} | mean JCT | {PAPER['jct']} | {rng('jct', 'static')} | {rng('jct', 'optimus')} |")
+        lines.append(f"| {name} | mean queueing time | {PAPER['queue']} | {rng('queue', 'static')} | {rng('queue', 'optimus')} |")
+    lines += ["", "| scenario | policy | mean JCT (h) | p95 JCT (h) | mean queue (min) | speed-up vs static | CPU used % | reconfigurations |",
+              "|---|---|---|---|---|---|---|---|"]
+    for (name, run_name) in dict.fromkeys((s, p) for s, _, p in per):
+        ms = [per[(name, s, run_name)] for s in seeds]
+        avg = {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
+        lines.append(f"| {name} | {run_name} | {avg['mean_jct_s'] / 3600:.2f} | {avg['p95_jct_s'] / 3600:.2f} | "
+                     f"{avg['mean_queue_s'] / 60:.1f} | {avg['speedup_vs_static_ratio']:.2f} | {avg['cpu_util_pct']:.1f} | "
+                     f"{avg['reconfigurations']:.0f} |")
+    lines.append("<!-- end NEARCHUS section -->")
+    path = REPO / "docs" / "results.md"
+    text = path.read_text() if path.is_file() else "# Results\n\nGenerated by the benchmarks in `bench/`.\n\n"
+    start, end = "<!-- NEARCHUS section", "<!-- end NEARCHUS section -->"
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + "\n".join(lines) + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + "\n".join(lines) + "\n"
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

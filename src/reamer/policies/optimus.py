@@ -1,0 +1,211 @@
+"""``optimus`` baseline (Peng et al., EuroSys 2018; DESIGN.md §5).
+
+* Speed model per job, fitted online with non-negative least squares on observed
+  (p, w, speed) points: synchronous ``steps/s = 1 / (θ0·M/w + θ1 + θ2·w/p + θ3·w + θ4·p)``
+  with M the global batch (w × per-worker batch). Until a job has ``min_points`` distinct
+  configurations, it walks through the small ``explore`` configurations, one per interval.
+* Every interval: every job (running, then queued in FIFO order) gets 1 PS + 1 worker if it
+  fits; then repeatedly the job whose next task (a PS or a worker, whichever gains more)
+  gives the largest reduction of remaining time per unit of that task's dominant resource
+  share gets it; stop when the gain is ≤ 0 or the best task no longer fits.
+* Tasks have the size of the user's request (Optimus scales counts, not container sizes);
+  placement packs tasks onto the fewest nodes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from scipy.optimize import nnls
+
+from reamer.domain import (
+    AddContainer,
+    ClusterSnapshot,
+    Decision,
+    JobView,
+    RemoveContainer,
+    Resources,
+    Role,
+    StartJob,
+    TrainingJob,
+)
+from reamer.policies.placement import FreeMap, Strategy
+
+
+class OptimusConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    min_points: int = Field(5, ge=5)
+    explore: list[tuple[int, int]] = [(1, 1), (1, 2), (2, 2), (2, 3), (1, 3), (2, 4)]
+    placement: Strategy = "pack"
+
+
+@dataclass
+class _Job:
+    config: tuple[int, int] = (0, 0)
+    since: float = 0.0
+    points: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    theta: np.ndarray | None = None
+
+
+def _features(p: int, w: int, batch: int) -> list[float]:
+    return [batch, 1.0, w / p, w, p]  # M/w = per-worker batch
+
+
+class Optimus:
+    name = "optimus"
+
+    def __init__(self, config: OptimusConfig | None = None, interval_s: float = 60.0) -> None:
+        self.cfg = config or OptimusConfig()
+        self.interval_s = interval_s
+        self.jobs: dict[str, _Job] = {}
+        self._free: FreeMap | None = None
+
+    # ------------------------------------------------------------- the model
+    def _observe(self, job: JobView, st: _Job, snap: ClusterSnapshot) -> None:
+        p, w = len(job.of_role(Role.PS)), len(job.of_role(Role.WORKER))
+        if (p, w) != st.config:
+            st.config, st.since = (p, w), snap.now
+            return
+        tel = snap.telemetry.get(job.id)
+        if tel is not None and tel.since_s >= st.since - 1e-9 and tel.speed > 0:
+            st.points.setdefault((p, w), []).append(tel.speed)
+            if len(st.points) >= self.cfg.min_points:
+                st.theta = self._fit(st.points, job.spec.batch)
+
+    @staticmethod
+    def _fit(points: dict[tuple[int, int], list[float]], batch: int) -> np.ndarray:
+        a, y = [], []
+        for (p, w), speeds in points.items():
+            steps = float(np.mean(speeds)) / (w * batch)
+            a.append(_features(p, w, batch))
+            y.append(1.0 / steps)
+        theta, _ = nnls(np.array(a), np.array(y))
+        return theta
+
+    def _speed(self, st: _Job, spec: TrainingJob, p: int, w: int) -> float:
+        if p < 1 or w < 1:
+            return 0.0
+        if st.theta is None:
+            obs = st.points.get((p, w))
+            return float(np.mean(obs)) if obs else 0.0
+        t = float(np.dot(st.theta, _features(p, w, spec.batch)))
+        return w * spec.batch / t if t > 0 else 0.0
+
+    # --------------------------------------------------------------- a round
+    def decide(self, snap: ClusterSnapshot) -> list[Decision]:
+        running = {j.id: j for j in snap.running}
+        for jid in list(self.jobs):
+            if jid not in running:
+                del self.jobs[jid]
+        for job in snap.running:
+            self._observe(job, self.jobs.setdefault(job.id, _Job(since=snap.now)), snap)
+        if not snap.telemetry and not snap.queue:
+            return []  # between intervals only arrivals can change anything
+        free = self._free = FreeMap(snap, self._free)
+        totals = Resources(*free.cap.sum(axis=0))
+        pool = free.total_free() + sum((j.allocated for j in snap.running), Resources())
+        target: dict[str, list[int]] = {}
+        specs = {j.id: j.spec for j in (*snap.running, *snap.queue)}
+
+        def take(spec: TrainingJob, role: Role) -> bool:
+            nonlocal pool
+            res = spec.ps_res if role is Role.PS else spec.worker_res
+            if not res.fits_in(pool):
+                return False
+            pool = pool - res
+            return True
+
+        for job in (*snap.running, *snap.queue):  # 1 PS + 1 worker each, if it fits
+            if take(job.spec, Role.PS):
+                if take(job.spec, Role.WORKER):
+                    target[job.id] = [1, 1]
+                else:
+                    pool = pool + job.spec.ps_res
+        for jid in list(target):  # jobs still exploring walk their small configurations
+            st = self.jobs.get(jid)
+            if st is None or st.theta is not None:
+                continue
+            want = next((c for c in self.cfg.explore if c not in st.points), (1, 1))
+            spec = specs[jid]
+            while target[jid][0] < want[0] and take(spec, Role.PS):
+                target[jid][0] += 1
+            while target[jid][1] < want[1] and take(spec, Role.WORKER):
+                target[jid][1] += 1
+
+        def best(jid: str) -> tuple[float, Role] | None:
+            st, spec = self.jobs[jid], specs[jid]
+            p, w = target[jid]
+            now_t = self._remaining(snap, jid) / max(self._speed(st, spec, p, w), 1e-12)
+            out = None
+            for role, (dp, dw), cap in ((Role.PS, (1, 0), spec.max_ps), (Role.WORKER, (0, 1), spec.max_workers)):
+                if (p + dp > cap) or (w + dw > cap):
+                    continue
+                res = spec.ps_res if role is Role.PS else spec.worker_res
+                share = max(res.cpu / totals.cpu, res.mem_mib / max(totals.mem_mib, 1), res.gpu / totals.gpu if totals.gpu else 0.0)
+                gain = (now_t - self._remaining(snap, jid) / max(self._speed(st, spec, p + dp, w + dw), 1e-12)) / share
+                if out is None or gain > out[0]:
+                    out = (gain, role)
+            return out
+
+        heap = []
+        for jid in target:
+            if jid in self.jobs and self.jobs[jid].theta is not None:
+                b = best(jid)
+                if b and b[0] > 0:
+                    heap.append((-b[0], jid, b[1]))
+        heapq.heapify(heap)
+        while heap:
+            _, jid, role = heapq.heappop(heap)
+            if not take(specs[jid], role):
+                continue
+            target[jid][0 if role is Role.PS else 1] += 1
+            b = best(jid)
+            if b and b[0] > 0:
+                heapq.heappush(heap, (-b[0], jid, b[1]))
+        return self._diff(snap, target, free)
+
+    @staticmethod
+    def _remaining(snap: ClusterSnapshot, jid: str) -> float:
+        for j in snap.running:
+            if j.id == jid:
+                return j.remaining
+        for j in snap.queue:
+            if j.id == jid:
+                return j.remaining
+        return 0.0
+
+    def _diff(self, snap: ClusterSnapshot, target: dict[str, list[int]], free: FreeMap) -> list[Decision]:
+        out: list[Decision] = []
+        adds: list[tuple[JobView, Role, int]] = []
+        for job in snap.running:
+            p, w = target.get(job.id, [1, 1])
+            for role, want in ((Role.PS, p), (Role.WORKER, w)):
+                have = job.of_role(role)
+                for c in have[want:][::-1] if len(have) > want else ():
+                    out.append(RemoveContainer(c.id))
+                    free.reserve(c.node, Resources() - c.res)
+                if want > len(have):
+                    adds.append((job, role, want - len(have)))
+        for job, role, n in adds:
+            res = job.spec.ps_res if role is Role.PS else job.spec.worker_res
+            for _ in range(n):
+                pl = free.place_one(role, res, self.cfg.placement)
+                if pl is None:
+                    break
+                out.append(AddContainer(job.id, pl))
+        for job in snap.queue:
+            if job.id not in target:
+                continue
+            p, w = target[job.id]
+            s = job.spec
+            placed = free.place_gang([(Role.PS, s.ps_res)] * p + [(Role.WORKER, s.worker_res)] * w, self.cfg.placement)
+            if placed is None:
+                placed = free.place_gang([(Role.PS, s.ps_res), (Role.WORKER, s.worker_res)], self.cfg.placement)
+            if placed is not None:
+                out.append(StartJob(job.id, placed))
+                self.jobs[job.id] = _Job(since=snap.now)
+        return out
