@@ -43,9 +43,9 @@ PAPER = {"speed": "+71.4% to +129.1%", "jct": "−35.6%", "queue": "−67.8%"}
 def openb_scenario(quick: bool) -> Scenario:
     return parse_scenario({
         "name": "openb",
-        "cluster": {"node_list": str(OPENB_NODES), "max_nodes": 24 if quick else 48, "nic_gbps": 10},
+        "cluster": {"node_list": str(OPENB_NODES), "max_nodes": 16, "nic_gbps": 10},
         "workload": {"kind": "openb", "pod_list": str(OPENB_PODS), "gpu_only": True,
-                     "max_jobs": 150 if quick else 300, "load": 0.9, "max_duration_s": 86400},
+                     "max_jobs": 100 if quick else 150, "load": 1.0, "max_duration_s": 86400},
     }, "bench/nearchus.py")
 
 

@@ -2,8 +2,10 @@
 
 Per step, with w workers and p PS shards:
 
-* worker compute  ``T_comp = b·F / E(c_w, threads)``  (CPU workers), or
-  ``b / min(gpu_rate·g, E(c_w)/d)`` for GPU workers fed by a CPU input pipeline;
+* worker compute  ``T_comp = b·F / E(c_w, threads)``  (CPU workers); GPU workers compute
+  ``b / gpu_rate`` while a CPU input pipeline prepares the next batch in the background
+  (``T_pipe = b·d / E(c_w)``, prefetch as in tf.data / DataLoader workers): the step stalls
+  only when ``T_pipe`` exceeds the rest of the step, so speed ≤ ``min(GPU rate, E/d)``;
 * network         ``T_net = max(2S/B_worker, 2·w·S/(p·B_ps))``;
 * PS update       ``T_ps = w·(S/p)·u / E(c_ps)``;
 * step time       ``T = T_comp + T_net + T_ps``; speed ``w·b/T`` samples/s.
@@ -91,6 +93,7 @@ class Step:
     ps_busy: float  # share of the step PS CPUs update
     net_busy: float  # share of the step spent on the network
     gpu_busy: float  # share of the step GPUs compute
+    t_pipe: float = 0.0  # GPU workers: input-pipeline time per batch (overlaps the step)
     cpu_used: float = 0.0  # cores the job's containers keep busy, on average
     gpu_used: float = 0.0  # GPUs the job keeps busy, on average
 
@@ -123,6 +126,7 @@ def step(
     f = model.core_s_per_sample(cal)
     t_comp = 0.0
     gpu_t = 0.0
+    t_pipe = 0.0  # GPU workers: CPU input pipeline time per batch (prefetched in the background)
     cpu_s = 0.0  # core-seconds of CPU all workers use per step
     gpu_s = 0.0  # GPU-seconds all workers use per step
     for side in workers:
@@ -132,9 +136,8 @@ def step(
         busy_cores = min(side.cores, float(side.threads or side.cores))
         if side.gpu > 0 and model.gpu_samples_per_s > 0:
             gpu_rate = model.gpu_samples_per_s * side.gpu * side.gpu_factor
-            rate = min(gpu_rate, e / model.input_core_s_per_sample)
             gpu_t = max(gpu_t, batch / gpu_rate)
-            t_comp = max(t_comp, batch / rate)
+            t_pipe = max(t_pipe, batch * model.input_core_s_per_sample / e)
             cpu_s += batch * model.input_core_s_per_sample * busy_cores / e
             gpu_s += side.gpu * batch / gpu_rate
         else:
@@ -149,6 +152,8 @@ def step(
     if e_ps <= 0:
         return ZERO_STEP
     t_ps = w * (s_bytes / p) * cal.ps_update_ns_per_byte * 1e-9 / e_ps
+    if gpu_t > 0:  # the pipeline prefetches the next batch while the step runs: it stalls
+        t_comp = max(t_comp, gpu_t + max(0.0, t_pipe - (gpu_t + t_net + t_ps)))  # only if slower
     t = t_comp + t_net + t_ps
     cpu_s += sum(min(side.cores, float(side.threads or side.cores)) for side in ps) * t_ps
     return Step(
@@ -160,6 +165,7 @@ def step(
         ps_busy=t_ps / t,
         net_busy=t_net / t,
         gpu_busy=gpu_t / t,
+        t_pipe=t_pipe,
         cpu_used=cpu_s / t,
         gpu_used=gpu_s / t,
     )

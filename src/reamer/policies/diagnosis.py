@@ -1,6 +1,7 @@
 """Bottleneck diagnosis from one interval of job telemetry (pure; shared by policies).
 
-A job is *network*-bound when a PS or worker link runs near capacity, *gpu*-bound when its
+A job is *network*-bound when a PS link runs near capacity (more PS shards help),
+*worker-network*-bound when only worker links do (more PS would not help), *gpu*-bound when its
 workers' GPUs are busy most of the time, *compute*-bound when its workers use most of their
 CPU limit, *ps*-bound when its PS containers do, and *none* when nothing is saturated.
 """
@@ -14,17 +15,18 @@ from reamer.domain import JobTelemetry, JobView, Role
 
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
-    bottleneck: str  # "network" | "gpu" | "compute" | "ps" | "none"
+    bottleneck: str  # "network" | "worker_network" | "gpu" | "compute" | "ps" | "none"
     worker_cpu_util: float  # mean used/limit of workers
     worker_throttled: float  # mean share of CFS periods throttled, workers
     gpu_util: float  # mean GPU busy share of GPU workers
     ps_cpu_util: float  # max used/limit of PS
-    net_util: float  # max link utilization of the job's containers
+    net_util: float  # max link utilization of the job's PS containers
+    worker_net_util: float  # max link utilization of the job's workers
     cpu_used: float  # cores the job actually used
 
 
 def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float) -> Diagnosis:
-    w_util, ps_util, thr, gpu, net, used = [], [], [], [], 0.0, 0.0
+    w_util, ps_util, thr, gpu, net, wnet, used = [], [], [], [], 0.0, 0.0, 0.0
     for c in job.containers:
         t = tel.containers.get(c.id)
         if t is None:
@@ -36,13 +38,19 @@ def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float) ->
             if c.res.gpu > 0:
                 gpu.append(t.gpu_util)
         if t.net_capacity_gbps > 0:
-            net = max(net, t.net_gbps / t.net_capacity_gbps)
+            link = t.net_gbps / t.net_capacity_gbps
+            if c.role is Role.WORKER:
+                wnet = max(wnet, link)
+            else:
+                net = max(net, link)
         used += t.cpu_used
     wu = sum(w_util) / len(w_util) if w_util else 0.0
     pu = max(ps_util, default=0.0)
     gu = sum(gpu) / len(gpu) if gpu else 0.0
     if net >= net_sat:
         b = "network"
+    elif wnet >= net_sat:
+        b = "worker_network"
     elif gu >= cpu_sat:
         b = "gpu"
     elif wu >= cpu_sat and wu >= pu:
@@ -51,4 +59,4 @@ def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float) ->
         b = "ps"
     else:
         b = "none"
-    return Diagnosis(b, wu, sum(thr) / len(thr) if thr else 0.0, gu, pu, net, used)
+    return Diagnosis(b, wu, sum(thr) / len(thr) if thr else 0.0, gu, pu, net, wnet, used)

@@ -10,7 +10,8 @@ Per running job, every control interval:
    cores added. A change that gained less than ``min_gain`` is reverted (and that action is
    blocked for ``block_s``); one that paid is kept as an *increment* with its gain per core.
 3. **Diagnose and act** (:mod:`reamer.policies.diagnosis`):
-   * network-bound → outscale: add a PS;
+   * network-bound (a PS link saturated) → outscale: add a PS; only worker links saturated
+     → nothing that more resources would fix (no change);
    * PS-CPU-bound → upscale the PS while vertical efficiency ≥ ``efficiency_threshold``,
      else add a PS;
    * compute-bound → upscale the workers while vertical efficiency ≥ threshold, else
@@ -68,9 +69,9 @@ class NearchusConfig(BaseModel):
     trim_below: float = Field(0.5, gt=0, le=1)  # worker CPU util under which limits are trimmed
     trim_margin: float = Field(0.25, ge=0)
     trim_throttled: float = Field(0.1, ge=0, le=1)  # ... and throttled in fewer periods than this
-    block_s: float = Field(1800.0, ge=0)  # an action that did not pay is not retried for this long
+    block_s: float = Field(1800.0, ge=0)  # an action that did not pay is not retried for this long (doubling)
     reclaim: bool = True
-    start_fractions: list[float] = [1.0]  # worker CPU shares tried when the request does not fit
+    start_fractions: list[float] = [1.0, 0.5, 0.25]  # worker CPU shares tried when the request does not fit
     outscale: bool = True  # ablation: False = vertical scaling only
     stabilize: bool = True  # ablation: False = act on every interval's raw sample
     placement: Strategy = "spread"
@@ -99,6 +100,7 @@ class _Job:
     pending: _Change | None = None
     increments: list[_Change] = field(default_factory=list)
     blocked: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
     vertical_eff: float | None = None
 
 
@@ -122,6 +124,7 @@ class Nearchus:
     # ----------------------------------------------------------------- round
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
         free = self._free = FreeMap(snap, self._free)
+        self._crowd = free.crowding(snap)
         out: list[Decision] = []
         running = {j.id: j for j in snap.running}
         for jid in list(self.jobs):
@@ -198,6 +201,8 @@ class Nearchus:
         out = self.cfg.outscale
         if d.bottleneck == "network":
             return ["add_ps"] if out else []
+        if d.bottleneck == "worker_network":
+            return []
         if d.bottleneck == "ps":
             return (["up_ps"] if vertical_ok else []) + (["add_ps"] if out else []) + ["up_ps"]
         if d.bottleneck == "compute":
@@ -253,9 +258,10 @@ class Nearchus:
             tmpl = job.of_role(role)[0].res
             if cores + tmpl.cpu > cap + 1e-9:
                 return []
-            p = free.place_one(role, tmpl, self.cfg.placement)
+            p = free.place_one(role, tmpl, self.cfg.placement, self._crowd, keep_gpus=True)
             if p is None:
                 return []
+            self._crowd[free.index[p.node]] += 1
             decisions.append(AddContainer(job.id, p))
             after = cores + tmpl.cpu
         st.pending = _Change(kind, now, speed, cores, after, undo, ids)
@@ -284,8 +290,9 @@ class Nearchus:
             else:
                 free.reserve(c.node, Resources() - c.res)
             decisions.append(d)
-        if block:
-            st.blocked[ch.kind] = now + self.cfg.block_s
+        if block:  # exponential back-off: an action that keeps failing is tried ever less often
+            st.failures[ch.kind] = st.failures.get(ch.kind, 0) + 1
+            st.blocked[ch.kind] = now + self.cfg.block_s * 2 ** (st.failures[ch.kind] - 1)
         if ch.kind.startswith("up"):
             st.vertical_eff = None if ch.kind == "trim" else 0.0
         self._reset(st, now)
@@ -321,6 +328,8 @@ class Nearchus:
         return out
 
     def _reclaim(self, snap: ClusterSnapshot, running: dict[str, JobView], free: FreeMap) -> list[Decision]:
+        """Free room for the head of the queue (its smallest shape: 1 PS + 1 worker) on the
+        node that needs the least taken back, revoking increments there, least gain per core first."""
         head = snap.queue[0].spec
         need = [(Role.PS, head.ps_res), (Role.WORKER, head.worker_res)]
         trial = free.place_gang(need, self.cfg.placement)
@@ -328,26 +337,78 @@ class Nearchus:
             for p in trial:
                 free.release(p)
             return []
-        want = head.ps_res + head.worker_res
-        have = free.total_free()
-        deficit = Resources(max(0.0, want.cpu - have.cpu), max(0.0, want.mem_mib - have.mem_mib),
-                            max(0.0, want.gpu - have.gpu))
-        tops = sorted(((st.increments[-1].gain_per_core, jid) for jid, st in self.jobs.items()
-                       if st.increments and st.pending is None and jid in running))
+        want = np.array((head.worker_res.cpu + head.ps_res.cpu, head.worker_res.mem_mib + head.ps_res.mem_mib,
+                         head.worker_res.gpu))
+        # what increments could give back, per node
+        back: dict[str, list[tuple[float, str, _Change]]] = {}
+        gives = {}  # node -> resources the increments there would give back
+        for jid, st in self.jobs.items():
+            if jid not in running or st.pending is not None or not st.increments:
+                continue
+            ch = st.increments[-1]  # only a job's latest increment can be undone cleanly
+            undo = dict(ch.undo)
+            for c in running[jid].containers:
+                if c.id in ch.added:
+                    r = np.array((c.res.cpu, c.res.mem_mib, c.res.gpu))
+                elif c.id in undo:
+                    r = np.array((c.res.cpu - undo[c.id].cpu, 0.0, 0.0))
+                else:
+                    continue
+                back.setdefault(c.node, []).append((ch.gain_per_core, jid, ch))
+                gives[c.node] = gives.get(c.node, 0.0) + r
+        best: tuple[float, str] | None = None
+        for node, items in back.items():
+            i = free.index[node]
+            missing = np.maximum(want - free.free[i], 0.0)
+            if (missing > gives[node] + 1e-9).any():
+                continue  # even all increments here would not make room
+            cost = float(missing[0] / max(want[0], 1e-9) + missing[2])
+            if best is None or cost < best[0]:
+                best = (cost, node)
+        if best is None:
+            return self._squeeze(snap, running, free, want)
         out: list[Decision] = []
-        freed = Resources()
-        for _, jid in tops:
-            if (freed.cpu >= deficit.cpu and freed.gpu >= deficit.gpu and freed.mem_mib >= deficit.mem_mib
-                    and (deficit.cpu or deficit.gpu or deficit.mem_mib)):
+        for _, jid, ch in sorted(back[best[1]], key=lambda x: x[0]):
+            if jid not in self.jobs or not self.jobs[jid].increments or self.jobs[jid].increments[-1] is not ch:
+                continue
+            st = self.jobs[jid]
+            st.increments.pop()
+            out += self._revert(running[jid], st, ch, snap.now, free, block=False)
+            i = free.index[best[1]]
+            if (free.free[i] >= want - 1e-9).all():
                 break
-            st, job = self.jobs[jid], running[jid]
-            ch = st.increments.pop()
-            before = {c.id: c.res for c in job.containers}
-            decisions = self._revert(job, st, ch, snap.now, free, block=False)
-            for d in decisions:
-                old = before[d.container]
-                freed = freed + (old - d.res if isinstance(d, Resize) else old)
-            out += decisions
-            if not (deficit.cpu or deficit.gpu or deficit.mem_mib):
-                break  # enough in total but fragmented: one increment per round
+        return out
+
+    def _squeeze(self, snap: ClusterSnapshot, running: dict[str, JobView], free: FreeMap,
+                 want: np.ndarray) -> list[Decision]:
+        """No increments to undo: shrink workers live (a CPU resize needs no restart) on the
+        node where the head lacks only CPU, down to ``min(start_fractions)`` of their request."""
+        floor = min(self.cfg.start_fractions)
+        fits_rest = (free.free[:, 1:] >= want[1:] - 1e-9).all(axis=1)
+        best = None
+        for i in np.flatnonzero(fits_rest):
+            node = free.names[i]
+            spare = [(jid, c) for jid, job in running.items() if self.jobs.get(jid) and self.jobs[jid].pending is None
+                     for c in job.of_role(Role.WORKER) if c.node == node]
+            room = sum(c.res.cpu - self._round(job_req * floor) for jid, c in spare
+                       for job_req in (running[jid].spec.worker_res.cpu,) if c.res.cpu > self._round(job_req * floor))
+            short = want[0] - free.free[i][0]
+            if room >= short and (best is None or short < best[0]):
+                best = (short, i, spare)
+        if best is None:
+            return []
+        short, i, spare = best
+        out: list[Decision] = []
+        for jid, c in sorted(spare, key=lambda x: -x[1].res.cpu):
+            if short <= 1e-9:
+                break
+            low = self._round(running[jid].spec.worker_res.cpu * floor)
+            cut = min(c.res.cpu - low, math.ceil(short / self.cfg.core_step) * self.cfg.core_step)
+            if cut <= 0:
+                continue
+            new = Resources(c.res.cpu - cut, c.res.mem_mib, c.res.gpu)
+            free.reserve(c.node, new - c.res)
+            out.append(Resize(c.id, new))
+            short -= cut
+            self._reset(self.jobs[jid], snap.now)
         return out

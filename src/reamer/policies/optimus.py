@@ -110,6 +110,7 @@ class Optimus:
         pool = free.total_free() + sum((j.allocated for j in snap.running), Resources())
         target: dict[str, list[int]] = {}
         specs = {j.id: j.spec for j in (*snap.running, *snap.queue)}
+        remaining = {j.id: j.remaining for j in (*snap.running, *snap.queue)}
 
         def take(spec: TrainingJob, role: Role) -> bool:
             nonlocal pool
@@ -139,14 +140,14 @@ class Optimus:
         def best(jid: str) -> tuple[float, Role] | None:
             st, spec = self.jobs[jid], specs[jid]
             p, w = target[jid]
-            now_t = self._remaining(snap, jid) / max(self._speed(st, spec, p, w), 1e-12)
+            now_t = remaining[jid] / max(self._speed(st, spec, p, w), 1e-12)
             out = None
             for role, (dp, dw), cap in ((Role.PS, (1, 0), spec.max_ps), (Role.WORKER, (0, 1), spec.max_workers)):
                 if (p + dp > cap) or (w + dw > cap):
                     continue
                 res = spec.ps_res if role is Role.PS else spec.worker_res
                 share = max(res.cpu / totals.cpu, res.mem_mib / max(totals.mem_mib, 1), res.gpu / totals.gpu if totals.gpu else 0.0)
-                gain = (now_t - self._remaining(snap, jid) / max(self._speed(st, spec, p + dp, w + dw), 1e-12)) / share
+                gain = (now_t - remaining[jid] / max(self._speed(st, spec, p + dp, w + dw), 1e-12)) / share
                 if out is None or gain > out[0]:
                     out = (gain, role)
             return out
@@ -168,16 +169,6 @@ class Optimus:
                 heapq.heappush(heap, (-b[0], jid, b[1]))
         return self._diff(snap, target, free)
 
-    @staticmethod
-    def _remaining(snap: ClusterSnapshot, jid: str) -> float:
-        for j in snap.running:
-            if j.id == jid:
-                return j.remaining
-        for j in snap.queue:
-            if j.id == jid:
-                return j.remaining
-        return 0.0
-
     def _diff(self, snap: ClusterSnapshot, target: dict[str, list[int]], free: FreeMap) -> list[Decision]:
         out: list[Decision] = []
         adds: list[tuple[JobView, Role, int]] = []
@@ -190,14 +181,7 @@ class Optimus:
                     free.reserve(c.node, Resources() - c.res)
                 if want > len(have):
                     adds.append((job, role, want - len(have)))
-        for job, role, n in adds:
-            res = job.spec.ps_res if role is Role.PS else job.spec.worker_res
-            for _ in range(n):
-                pl = free.place_one(role, res, self.cfg.placement)
-                if pl is None:
-                    break
-                out.append(AddContainer(job.id, pl))
-        for job in snap.queue:
+        for job in snap.queue:  # start waiting jobs before growing running ones
             if job.id not in target:
                 continue
             p, w = target[job.id]
@@ -208,4 +192,11 @@ class Optimus:
             if placed is not None:
                 out.append(StartJob(job.id, placed))
                 self.jobs[job.id] = _Job(since=snap.now)
+        for job, role, n in adds:
+            res = job.spec.ps_res if role is Role.PS else job.spec.worker_res
+            for _ in range(n):
+                pl = free.place_one(role, res, self.cfg.placement)
+                if pl is None:
+                    break
+                out.append(AddContainer(job.id, pl))
         return out

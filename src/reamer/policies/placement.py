@@ -45,18 +45,33 @@ class FreeMap:
         return (self.free >= need).all(axis=1)
 
     def place_one(self, role: Role, res: Resources, strategy: Strategy = "pack",
-                  avoid: set[int] | None = None) -> Placement | None:
+                  crowding: np.ndarray | None = None, keep_gpus: bool = False) -> Placement | None:
+        """Best node for one container. ``crowding`` (per node, e.g. PS/worker containers
+        sharing its NIC) ranks first when given; the strategy breaks ties. ``keep_gpus``
+        puts a CPU-only container on a node with free GPUs only as a last resort."""
         ok = self.fits(res)
-        if avoid:
-            ok[list(avoid)] = False
         if not ok.any():
             return None
         left = (self.free - (res.cpu, res.mem_mib, res.gpu)) * self._norm
         score = left[:, 0] + left[:, 2]
-        score = np.where(ok, score if strategy == "pack" else -score, np.inf)
+        score = score if strategy == "pack" else -score
+        if crowding is not None:
+            score = score + 10.0 * crowding  # |score| ≤ 4: crowding dominates
+        if keep_gpus and res.gpu == 0:  # leave free GPUs' CPU to the GPU jobs that need it
+            score = score + 1000.0 * (self.free[:, 2] > 1e-9)
+        score = np.where(ok, score, np.inf)
         i = int(np.argmin(score))
         self.free[i] -= (res.cpu, res.mem_mib, res.gpu)
         return Placement(role, self.names[i], res)
+
+    def crowding(self, snap: ClusterSnapshot) -> np.ndarray:
+        """PS/worker containers per node: the flows that would share a new container's NIC."""
+        n = np.zeros(len(self.names))
+        for job in snap.running:
+            for c in job.containers:
+                if c.role is not Role.INFERENCE:
+                    n[self.index[c.node]] += 1
+        return n
 
     def release(self, p: Placement) -> None:
         self.free[self.index[p.node]] += (p.res.cpu, p.res.mem_mib, p.res.gpu)

@@ -181,8 +181,8 @@ class SimCluster:
         for c in j.containers.values():
             if c.role is Role.WORKER:
                 if c.res.gpu > 0 and prof.gpu_samples_per_s > 0:
-                    busy = min(1.0, j.spec.batch * prof.input_core_s_per_sample / max(c.res.cpu, 1e-9) / t)
-                    throttled = busy if st.t_comp > st.gpu_busy * t + 1e-12 else 0.0
+                    busy = min(1.0, st.t_pipe / t)  # the pipeline runs its threads for t_pipe
+                    throttled = busy if st.t_pipe >= t * (1 - 1e-9) else 0.0  # stalls the step
                 else:
                     busy = throttled = st.worker_busy
                 traffic = 2.0 * bits / t
