@@ -1,0 +1,36 @@
+"""Every registered policy runs on every kind of scenario the foundation accepts."""
+
+import pytest
+
+from reamer.backends.sim import simulate
+from reamer.config.scenario import parse_scenario
+from reamer.policies import policy_names
+
+POOLS = [{"name": "cpu", "count": 3, "cores": 32, "mem_gib": 128},
+         {"name": "gpu", "count": 2, "cores": 64, "mem_gib": 256, "gpus": 4, "gpu_model": "V100M32"}]
+
+
+def scenarios(tmp_path, shared):
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id,model,arrival_s,ps,workers,ps_cpu,worker_cpu,worker_gpu,duration_s\n"
+                    "a,resnet50,0,1,2,1,4,0,900\nb,vgg16,60,1,1,2,8,1,1200\nc,bilstm,90,2,4,1,1,0,600\n")
+    out = {
+        "synthetic-cpu": {"cluster": {"node_pools": POOLS[:1]}, "workload": {"kind": "synthetic", "jobs": 12}},
+        "synthetic-gpu": {"cluster": {"node_pools": POOLS},
+                          "workload": {"kind": "synthetic", "jobs": 12, "gpus_per_worker": 1}},
+        "joblist": {"cluster": {"node_pools": POOLS}, "workload": {"kind": "joblist", "path": str(jobs)}},
+    }
+    if shared is not None:
+        out["openb"] = {"cluster": {"node_list": str(shared / "openb_node_list_all_node.csv"), "max_nodes": 12},
+                        "workload": {"kind": "openb", "pod_list": str(shared / "openb_pod_list_default.csv"),
+                                     "max_jobs": 25, "max_duration_s": 3600}}
+    return out
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_policy_finishes_every_scenario(tmp_path, policy, shared_data_or_none):
+    for name, data in scenarios(tmp_path, shared_data_or_none).items():
+        sc = parse_scenario({"name": name, "seed": 3, **data}, name)
+        r = simulate(sc, policy)
+        assert r.unfinished == 0 and r.metrics["jobs"] > 0, (name, policy)
+        assert max(r.series["cpu_alloc_pct"]) <= 100 + 1e-6
