@@ -22,7 +22,6 @@ finds and removes the leftovers of a crashed run without touching anything else.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import re
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-V1_CONTROLLERS = ("cpu", "cpuset", "memory")
+CONTROLLERS = ("cpu", "cpuset", "memory")
 # directory names a v1 controller is mounted under, in order of preference
 _V1_MOUNTS = {
     "cpu": ("cpu", "cpu,cpuacct", "cpuacct,cpu"),
@@ -144,7 +143,7 @@ class CgroupExecutor:
         root: Path | str,
         version: Literal[1, 2] | None = None,
         prefix: str = "reamer",
-        controllers: Sequence[str] = V1_CONTROLLERS,
+        controllers: Sequence[str] = CONTROLLERS,
     ):
         self.root = Path(root)
         if not self.root.is_dir():
@@ -155,9 +154,9 @@ class CgroupExecutor:
         if not _NAME.match(prefix):
             raise CgroupError(self.root / prefix, "a prefix of [A-Za-z0-9_.-]", f"got {prefix!r}")
         self.prefix = prefix
-        bad = [c for c in controllers if c not in V1_CONTROLLERS]
+        bad = [c for c in controllers if c not in CONTROLLERS]
         if bad or not controllers:
-            raise CgroupError(self.root, f"controllers among {V1_CONTROLLERS}", f"got {tuple(controllers)!r}")
+            raise CgroupError(self.root, f"controllers among {CONTROLLERS}", f"got {tuple(controllers)!r}")
         self.controllers = tuple(dict.fromkeys(controllers))
         self._hier: dict[str, Path] = self._hierarchies() if self.version == 1 else {}
 
@@ -239,6 +238,13 @@ class CgroupExecutor:
         except OSError as err:
             raise CgroupError(path, "to create a cgroup directory", err.strerror or str(err)) from None
 
+    def _rmdir(self, path: Path) -> None:
+        """Remove a cgroup directory (cgroupfs removes its control files with it)."""
+        try:
+            path.rmdir()
+        except OSError as err:
+            raise CgroupError(path, "a cgroup without processes or child cgroups to rmdir", err.strerror or str(err)) from None
+
     def _init_cpuset_v1(self, child: Path) -> None:
         """A new v1 cpuset cgroup has empty cpus/mems: copy them from the parent."""
         for f in ("cpuset.cpus", "cpuset.mems"):
@@ -272,16 +278,16 @@ class CgroupExecutor:
 
     # ------------------------------------------------------------------ lifecycle
     def create(self, name: str) -> Path:
-        """Create cgroup ``name`` (in every hierarchy in use on v1). Returns its cpu directory."""
+        """Create cgroup ``name`` (in every hierarchy in use on v1). Returns its (first) directory."""
         self._check_name(name)
         if self.exists(name):
-            raise CgroupError(self.path(name), "a cgroup that does not exist yet", "already exists (sweep leftovers?)")
+            raise CgroupError(self._dirs(name)[0], "a cgroup that does not exist yet", "already exists (sweep leftovers?)")
         self._ensure_prefix()
         for d in self._dirs(name):
             self._mkdir(d)
             if self.version == 1 and (d / "cpuset.cpus").exists():
                 self._init_cpuset_v1(d)
-        return self.path(name)
+        return self._dirs(name)[0]
 
     def procs(self, name: str) -> list[int]:
         """PIDs in the cgroup (union over v1 hierarchies)."""
@@ -298,7 +304,7 @@ class CgroupExecutor:
         if not dirs:
             if missing_ok:
                 return
-            raise CgroupError(self.path(name), "an existing cgroup to remove", "no such cgroup")
+            raise CgroupError(self._dirs(name)[0], "an existing cgroup to remove", "no such cgroup")
         pids = self.procs(name)
         if pids and not kill:
             raise CgroupError(
@@ -319,20 +325,12 @@ class CgroupExecutor:
                         pass
                     except PermissionError as err:
                         raise CgroupError(dirs[0] / "cgroup.procs", f"permission to kill pid {pid}", str(err)) from None
-            _reap(pids)
             if time.monotonic() > deadline:
                 raise CgroupError(dirs[0] / "cgroup.procs", f"empty within {timeout_s}s of SIGKILL", f"pids {pids} remain")
             time.sleep(0.01)
             pids = self.procs(name)
         for d in dirs:
-            try:
-                d.rmdir()
-            except OSError as err:
-                # fake trees hold regular files; real cgroupfs directories rmdir with them
-                if err.errno == errno.ENOTEMPTY and _only_files(d):
-                    _rm_fake(d)
-                    continue
-                raise CgroupError(d, "an empty cgroup directory to rmdir", err.strerror or str(err)) from None
+            self._rmdir(d)
 
     def list_owned(self) -> list[str]:
         """Names of all cgroups under the prefix, in any hierarchy (leftovers included)."""
@@ -353,19 +351,13 @@ class CgroupExecutor:
         for h in self._hier_roots():
             pdir = h / self.prefix
             if pdir.is_dir():
-                try:
-                    pdir.rmdir()
-                except OSError as err:
-                    if err.errno == errno.ENOTEMPTY and _only_files(pdir):
-                        _rm_fake(pdir)
-                    else:
-                        raise CgroupError(pdir, "an empty prefix cgroup to rmdir", err.strerror or str(err)) from None
+                self._rmdir(pdir)
         return removed
 
     def add_process(self, name: str, pid: int) -> None:
         """Move process ``pid`` (all its threads) into the cgroup, in every hierarchy."""
         if not isinstance(pid, int) or pid <= 0:
-            raise CgroupError(self.path(name) / "cgroup.procs", "a positive pid", f"got {pid!r}")
+            raise CgroupError(self._dirs(name)[0] / "cgroup.procs", "a positive pid", f"got {pid!r}")
         for d in self._dirs(name):
             if not d.is_dir():
                 raise CgroupError(d, "an existing cgroup (call create first)", "no such cgroup")
@@ -457,7 +449,15 @@ class CgroupExecutor:
     def cpus(self, name: str) -> list[int]:
         """The CPUs the cgroup may run on (effective cpuset)."""
         if "cpuset" not in self.controllers:
-            return list(range(os.cpu_count() or 1))
+            # not managed here: the cgroup runs on the root cpuset
+            root_file = (
+                self.root / "cpuset.cpus.effective" if self.version == 2 else self.root / "cpuset" / "cpuset.effective_cpus"
+            )
+            try:
+                cpus = parse_cpus(root_file.read_text())
+            except (OSError, ValueError):
+                cpus = []
+            return cpus or list(range(os.cpu_count() or 1))
         d = self.path(name, "cpuset")
         top = self.root if self.version == 2 else self._hier["cpuset"]
         eff = "cpuset.cpus.effective" if self.version == 2 else "cpuset.effective_cpus"
@@ -496,24 +496,3 @@ def _need(kv: dict[str, int], keys: Sequence[str], path: Path) -> None:
     missing = [k for k in keys if k not in kv]
     if missing:
         raise CgroupError(path, f"keys {', '.join(keys)}", f"missing {', '.join(missing)}")
-
-
-def _reap(pids: Sequence[int]) -> None:
-    """Collect our own killed children so they do not linger as zombies."""
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
-
-def _only_files(d: Path) -> bool:
-    return all(p.is_file() for p in d.iterdir())
-
-
-def _rm_fake(d: Path) -> None:
-    """Remove a directory of plain files — only reached on an imitation tree in tests:
-    on cgroupfs ``rmdir`` succeeds despite the control files."""
-    for p in d.iterdir():
-        p.unlink()
-    d.rmdir()
