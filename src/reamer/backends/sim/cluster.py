@@ -91,7 +91,9 @@ class SimCluster:
         self.nodes = tuple(nodes)
         self.node_by_name = {n.name: n for n in self.nodes}
         self.free: dict[str, Resources] = {n.name: n.capacity for n in self.nodes}
-        self.on_node: dict[str, set[str]] = {n.name: set() for n in self.nodes}  # networked containers
+        # networked containers per node; insertion-ordered (not a set) so float sums are
+        # reproducible across processes whatever the string-hash seed
+        self.on_node: dict[str, dict[str, None]] = {n.name: {} for n in self.nodes}
         self.owner: dict[str, str] = {}  # container id -> job id
         self.cal = cal
         self.rng = rng
@@ -241,14 +243,14 @@ class SimCluster:
         j.containers[cid] = c
         self.owner[cid] = j.spec.id
         if p.role in NETWORKED:
-            self.on_node[p.node].add(cid)
+            self.on_node[p.node][cid] = None
         return c
 
     def _unplace(self, c: Container) -> None:
         self.free[c.node] = self.free[c.node] + c.res
         self.cpu_alloc -= c.res.cpu
         self.gpu_alloc -= c.res.gpu
-        self.on_node[c.node].discard(c.id)
+        self.on_node[c.node].pop(c.id, None)
         del self.owner[c.id]
 
     def _start(self, d: StartJob, now: float) -> set[str]:
