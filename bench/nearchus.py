@@ -14,6 +14,8 @@ docs/results.md (the NEARCHUS table) unless --no-docs.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -64,7 +66,16 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--quick", action="store_true", help="smaller openb subset, two seeds")
     ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--from-json", help="rebuild the table and docs from an earlier --json file, without running")
     args = ap.parse_args()
+    if args.from_json:
+        doc = json.loads(Path(args.from_json).read_text())
+        per = {(r["scenario"], r["seed"], r["policy"]): r["metrics"] for r in doc["runs"]}
+        seeds = sorted({s for _, s, _ in per})
+        table(per, seeds)
+        if not args.no_docs:
+            write_docs(per, seeds, doc["ratios"])
+        return 0
     seeds = args.seeds[:2] if args.quick else args.seeds
     cal = load_calibration()
     runs, per = [], {}
@@ -94,9 +105,9 @@ def main() -> int:
                 vals = []
                 for seed in seeds:
                     a, b = per[(name, seed, "nearchus")][key], per[(name, seed, other)][key]
-                    vals.append(a / b if b else float("nan"))
-                ratios[f"{label}_nearchus_over_{other}_{name}_min_ratio"] = float(np.nanmin(vals))
-                ratios[f"{label}_nearchus_over_{other}_{name}_max_ratio"] = float(np.nanmax(vals))
+                    vals.append(a / b if b > 0 else (1.0 if a == b else math.inf))
+                ratios[f"{label}_nearchus_over_{other}_{name}_min_ratio"] = min(vals)
+                ratios[f"{label}_nearchus_over_{other}_{name}_max_ratio"] = max(vals)
     doc = document("nearchus", runs, ratios)
     if args.json_out:
         write_json(args.json_out, doc)
@@ -125,11 +136,14 @@ def write_docs(per: dict, seeds: list[int], ratios: dict) -> None:
              "(same seed, same workload). Regenerate: `python bench/nearchus.py --json bench-nearchus.json`.", "",
              "| scenario | claim | paper | nearchus vs static | nearchus vs optimus |", "|---|---|---|---|---|"]
     for name in dict.fromkeys(s for s, _, _ in per):
-        def rng(label, other, pct=True):
+        def rng(label, other):
             lo = ratios[f"{label}_nearchus_over_{other}_{name}_min_ratio"]
             hi = ratios[f"{label}_nearchus_over_{other}_{name}_max_ratio"]
-            f = (lambda v: f"{(v - 1) * 100:+.1f}%") if pct else (lambda v: f"{v:.2f}×")
-            return f"{f(lo)} to {f(hi)}"
+            if lo is None or hi is None:  # a zero baseline (e.g. no queueing at all): no ratio
+                key = {"jct": "mean_jct_s", "queue": "mean_queue_s"}[label]
+                pairs = [f"{per[(name, s, 'nearchus')][key]:.0f} s vs {per[(name, s, other)][key]:.0f} s" for s in seeds]
+                return "no ratio (baseline 0): " + "; ".join(pairs)
+            return f"{(lo - 1) * 100:+.1f}% to {(hi - 1) * 100:+.1f}%"
         lines.append(f"| {name} | per-job training speed | {PAPER['speed']} | {rng('speedup', 'static')} | {rng('speedup', 'optimus')} |")
         lines.append(f"| {name} | mean JCT | {PAPER['jct']} | {rng('jct', 'static')} | {rng('jct', 'optimus')} |")
         lines.append(f"| {name} | mean queueing time | {PAPER['queue']} | {rng('queue', 'static')} | {rng('queue', 'optimus')} |")
