@@ -74,7 +74,7 @@ def main() -> int:
         seeds = sorted({s for _, s, _ in per})
         table(per, seeds)
         if not args.no_docs:
-            write_docs(per, seeds, doc["ratios"])
+            write_docs(per, seeds, compute_ratios(per, seeds))
         return 0
     seeds = args.seeds[:2] if args.quick else args.seeds
     cal = load_calibration()
@@ -98,8 +98,20 @@ def main() -> int:
                     m["jobs"] = r.metrics["jobs"]
                     per[(sc.name, seed, run_name)] = m
                     runs.append(run_entry(sc.name, seed, run_name, m, {"restart_s": sc.cluster.restart_s}))
+    ratios = compute_ratios(per, seeds)
+    doc = document("nearchus", runs, ratios)
+    if args.json_out:
+        write_json(args.json_out, doc)
+    table(per, seeds)
+    if not args.no_docs:
+        write_docs(per, seeds, ratios)
+    return 0
+
+
+def compute_ratios(per: dict, seeds: list[int]) -> dict[str, float]:
+    """nearchus ÷ static and ÷ optimus, min and max over seeds (inf where the baseline is 0)."""
     ratios = {}
-    for name in {s for s, _, _ in per}:
+    for name in dict.fromkeys(s for s, _, _ in per):
         for other in ("static", "optimus"):
             for key, label in (("mean_jct_s", "jct"), ("mean_queue_s", "queue"), ("speedup_vs_static_ratio", "speedup")):
                 vals = []
@@ -108,13 +120,7 @@ def main() -> int:
                     vals.append(a / b if b > 0 else (1.0 if a == b else math.inf))
                 ratios[f"{label}_nearchus_over_{other}_{name}_min_ratio"] = min(vals)
                 ratios[f"{label}_nearchus_over_{other}_{name}_max_ratio"] = max(vals)
-    doc = document("nearchus", runs, ratios)
-    if args.json_out:
-        write_json(args.json_out, doc)
-    table(per, seeds)
-    if not args.no_docs:
-        write_docs(per, seeds, ratios)
-    return 0
+    return ratios
 
 
 def table(per: dict, seeds: list[int]) -> None:
@@ -139,7 +145,7 @@ def write_docs(per: dict, seeds: list[int], ratios: dict) -> None:
         def rng(label, other):
             lo = ratios[f"{label}_nearchus_over_{other}_{name}_min_ratio"]
             hi = ratios[f"{label}_nearchus_over_{other}_{name}_max_ratio"]
-            if lo is None or hi is None:  # a zero baseline (e.g. no queueing at all): no ratio
+            if not (math.isfinite(lo) and math.isfinite(hi)):  # a zero baseline: no ratio
                 key = {"jct": "mean_jct_s", "queue": "mean_queue_s"}[label]
                 pairs = [f"{per[(name, s, 'nearchus')][key]:.0f} s vs {per[(name, s, other)][key]:.0f} s" for s in seeds]
                 return "no ratio (baseline 0): " + "; ".join(pairs)
