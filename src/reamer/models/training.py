@@ -56,15 +56,13 @@ class ModelProfile:
 def effective_cores(cores: float, threads: int | None, cal: Calibration) -> float:
     """Amdahl-effective cores of a CPU quota of ``cores`` running ``threads`` threads.
 
-    ``threads=None`` means container-aware sizing: the better of ``floor`` and ``ceil`` of
-    the quota (at least one thread). Below one core the quota is a time share: ``E = cores``.
+    ``threads=None`` means container-aware sizing as the local launcher does it: the quota
+    rounded half up, at least one thread. Below one core the quota is a time share.
     """
     if cores <= 0:
         return 0.0
     if threads is None:
-        lo = max(1, math.floor(cores + 1e-9))
-        hi = max(1, math.ceil(cores - 1e-9))
-        return max(effective_cores(cores, lo, cal), effective_cores(cores, hi, cal))
+        threads = max(1, math.floor(cores + 0.5))
     n = min(cores, float(threads))
     f = cal.parallel_fraction
     e = n if n <= 1.0 else 1.0 / ((1.0 - f) + f / n)

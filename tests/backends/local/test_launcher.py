@@ -21,7 +21,7 @@ def test_effective_cpus_is_the_tightest_limit():
 
 
 @pytest.mark.parametrize(
-    ("cores", "threads"), [(0.1, 1), (0.5, 1), (1.0, 1), (1.0000000001, 1), (1.5, 2), (2.0, 2), (7.2, 8)]
+    ("cores", "threads"), [(0.1, 1), (0.5, 1), (1.0, 1), (1.0000000001, 1), (1.2, 1), (1.5, 2), (2.0, 2), (7.2, 7), (7.5, 8)]
 )
 def test_threads_for(cores: float, threads: int):
     assert L.threads_for(cores) == threads
