@@ -24,14 +24,19 @@ def _thin(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[f
     return [xs[i] for i in idx], [ys[i] for i in idx]
 
 
+def _color(k: int) -> str:
+    """One colour per run, the same in every figure."""
+    return f"hsl({(k * 67) % 360},60%,45%)"
+
+
 def figures(results: Sequence) -> list[go.Figure]:
     figs = []
     cdf = go.Figure()
-    for r in results:
+    for k, r in enumerate(results):
         jct = np.sort([j.jct_s for j in r.jobs])
         if len(jct):
             x, y = _thin(list(jct / 3600.0), list(np.arange(1, len(jct) + 1) / len(jct)))
-            cdf.add_scatter(x=x, y=y, mode="lines", name=r.policy)
+            cdf.add_scatter(x=x, y=y, mode="lines", name=r.policy, line={"color": _color(k)})
     cdf.update_layout(title="Job completion time (CDF)", xaxis_title="JCT (hours)", yaxis_title="share of jobs",
                       xaxis_type="log")
     figs.append(cdf)
@@ -40,7 +45,7 @@ def figures(results: Sequence) -> list[go.Figure]:
                        subplot_titles=("Queued jobs", "CPU used (% of cluster cores)", "GPU used (% of cluster GPUs)"))
     for k, r in enumerate(results):
         t = [x / 3600.0 for x in r.series.get("t", [])]
-        color = f"hsl({(k * 67) % 360},60%,45%)"
+        color = _color(k)
         for row, key in ((1, "queue"), (2, "cpu_used_pct"), (3, "gpu_used_pct")):
             x, y = _thin(t, r.series.get(key, []))
             ts.add_scatter(x=x, y=y, mode="lines", name=r.policy, legendgroup=r.policy,
@@ -54,8 +59,10 @@ def figures(results: Sequence) -> list[go.Figure]:
         jobs = sorted({j for r in tracked for j in r.timelines})[:6]
         tl = make_subplots(rows=len(jobs), cols=1, shared_xaxes=False, subplot_titles=jobs,
                            vertical_spacing=0.3 / max(1, len(jobs)))
-        for k, r in enumerate(tracked):
-            color = f"hsl({(k * 67) % 360},60%,45%)"
+        for k, r in enumerate(results):
+            if not r.timelines:
+                continue
+            color = _color(k)
             for row, jid in enumerate(jobs, start=1):
                 pts = r.timelines.get(jid, [])
                 if not pts:
