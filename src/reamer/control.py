@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from reamer.domain import ClusterSnapshot, Decision
+from reamer.domain.inference import HarvestDecision, HarvestSnapshot
 
 
 class Policy(Protocol):
@@ -22,19 +23,42 @@ class Policy(Protocol):
     def decide(self, snapshot: ClusterSnapshot) -> Sequence[Decision]: ...
 
 
+class HarvestPolicy(Protocol):
+    """A pure inference-harvesting policy (Cloud Reamer and its baselines)."""
+
+    name: str
+    interval_s: float | None
+
+    def decide(self, snapshot: HarvestSnapshot) -> Sequence[HarvestDecision]: ...
+
+
 class Backend(Protocol):
     def observe(self, now: float) -> ClusterSnapshot: ...
 
     def actuate(self, decisions: Sequence[Decision], now: float) -> None: ...
 
 
+class HarvestBackend(Protocol):
+    def observe(self, now: float) -> HarvestSnapshot: ...
+
+    def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Round:
     now: float
-    decisions: tuple[Decision, ...]
+    decisions: tuple[Decision, ...] | tuple[HarvestDecision, ...]
 
 
 def control_round(backend: Backend, policy: Policy, now: float) -> Round:
+    snapshot = backend.observe(now)  # observe
+    decisions = tuple(policy.decide(snapshot))  # decide
+    backend.actuate(decisions, now)  # actuate
+    return Round(now, decisions)
+
+
+def harvest_round(backend: HarvestBackend, policy: HarvestPolicy, now: float) -> Round:
+    """The same round for inference harvesting: node usage and services in, replica decisions out."""
     snapshot = backend.observe(now)  # observe
     decisions = tuple(policy.decide(snapshot))  # decide
     backend.actuate(decisions, now)  # actuate

@@ -113,6 +113,79 @@ class PolicyOptions(_Strict):
     options: dict[str, dict[str, Any]] = {}  # per-policy settings, by policy name
 
 
+class DiurnalRate(_Strict):
+    """A seeded day/night curve (:func:`reamer.workloads.rates.diurnal_rates`)."""
+
+    kind: Literal["diurnal"] = "diurnal"
+    trough_frac: Annotated[float, Field(ge=0, le=1)] = 0.3  # trough rate = peak × this
+    peak_hour: Annotated[float, Field(ge=0, lt=24)] = 14.0
+    start_hour: Annotated[float, Field(ge=0, lt=24)] = 8.0  # hour of day at t = 0
+    noise: NonNeg = 0.05
+
+
+class GenaiRate(_Strict):
+    """The Alibaba GenAI request-rate trace, scaled to the service's peak."""
+
+    kind: Literal["genai"] = "genai"
+    path: Path
+    request_type: str | None = None
+
+
+RateSource = Annotated[DiurnalRate | GenaiRate, Field(discriminator="kind")]
+
+
+class ServiceSpec(_Strict):
+    """One latency-SLO inference service."""
+
+    id: str
+    model: str  # a model of reamer/data/inference_profiles.json
+    slo_p99_ms: Pos
+    peak_rate_per_s: Pos
+    rate: RateSource = DiurnalRate()
+    mem_mib_per_replica: Pos = 2048.0
+
+
+class DedicatedPool(_Strict):
+    """CPU-only nodes that serve inference when it is not harvested (they cost node-hours)."""
+
+    name: str = "inference"
+    count: Annotated[int, Field(ge=0)] = 16
+    cores: Pos = 32.0
+    mem_gib: Pos = 128.0
+
+
+class InferenceSection(_Strict):
+    """Inference services co-located on GPU training nodes (issue 4); harvest round every ``interval_s``."""
+
+    services: Annotated[list[ServiceSpec], Field(min_length=1)]
+    pool: DedicatedPool = DedicatedPool()
+    interval_s: Pos = 60.0  # harvest round and SLO judging window
+    system_reserve_cores: NonNeg = 2.0  # per training node
+    # Where the training need for slack comes from: ``usage`` = Σ measured use of the training
+    # containers on the node; ``limits`` = their CPU limits (NEARCHUS's trimmed limits in the
+    # joint ``nearchus+reamer`` mode).
+    training_need: Literal["usage", "limits"] = "usage"
+    need_percentile: Annotated[float, Field(gt=0, le=100)] = 95.0  # ``usage``: this percentile of ...
+    need_window_s: Pos = 1800.0  # ... the per-window measured use over this long
+    # Time-varying training need: each GPU job's input-pipeline cost per sample is multiplied by
+    # a mean-one log-normal AR(1) factor redrawn every window (stationary std-dev
+    # ``need_variation``, correlation ``need_corr``); 0 = constant (the zoo's cost).
+    need_variation: NonNeg = 0.0
+    need_corr: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    # Interference coefficients: training slowdown per co-located inference core busy (share of
+    # node cores), and inference latency inflation per unit of training CPU load (share of node
+    # cores). Defaults 0 until the local-backend calibration measures them (not invented here).
+    training_interference: NonNeg = 0.0
+    inference_interference: NonNeg = 0.0
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> InferenceSection:
+        ids = [s.id for s in self.services]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"inference service ids must be unique (got {ids})")
+        return self
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     seed: int = 0
@@ -120,6 +193,7 @@ class Scenario(_Strict):
     cluster: Cluster
     workload: Workload = Synthetic()
     policy: PolicyOptions = PolicyOptions()
+    inference: InferenceSection | None = None
     source: str = "<inline>"  # where it was read from (for error messages)
 
 
@@ -151,7 +225,12 @@ def _resolve_paths(sc: Scenario, base: Path) -> Scenario:
         wl = wl.model_copy(update={"pod_list": fix(wl.pod_list)})
     elif isinstance(wl, JobList):
         wl = wl.model_copy(update={"path": fix(wl.path)})
-    return sc.model_copy(update={"cluster": cluster, "workload": wl})
+    inf = sc.inference
+    if inf is not None:
+        svcs = [s.model_copy(update={"rate": s.rate.model_copy(update={"path": fix(s.rate.path)})})
+                if isinstance(s.rate, GenaiRate) else s for s in inf.services]
+        inf = inf.model_copy(update={"services": svcs})
+    return sc.model_copy(update={"cluster": cluster, "workload": wl, "inference": inf})
 
 
 def load_scenario(path: str | Path | None) -> Scenario:

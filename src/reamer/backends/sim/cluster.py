@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -62,6 +62,7 @@ class _Job:
     tel_done: float = 0.0
     view: JobView | None = None
     paused_until: float = 0.0  # checkpoint + restart after a change of its PS/worker set
+    base: Step = ZERO_STEP  # its step without CPU contention from co-located inference
 
 
 @dataclass
@@ -73,6 +74,8 @@ class Totals:
     gpu_used_s: float = 0.0
     cpu_alloc_s: float = 0.0
     gpu_alloc_s: float = 0.0
+    speed_share_s: float = 0.0  # ∫ Σ_running speed / uncontended speed (only with track_share)
+    job_s: float = 0.0  # ∫ number of running jobs (only with track_share)
 
 
 class SimCluster:
@@ -109,6 +112,13 @@ class SimCluster:
         self.telemetry_interval_s = telemetry_interval_s
         self.restart_s = restart_s
         self.next_telemetry = telemetry_interval_s or math.inf
+        # node -> share (< 1) of its CPU demand training gets there while co-located inference
+        # over-commits the node (set by backends.sim.inference; empty = no co-location)
+        self.contention: dict[str, float] = {}
+        self.track_share = False  # integrate speed / uncontended speed (co-location runs)
+        # job id -> factor on its model's CPU input-pipeline cost (time-varying training need;
+        # set by backends.sim.inference; empty = the zoo's constant cost)
+        self.input_scale: dict[str, float] = {}
 
     # ------------------------------------------------------------------ events
     def arrive(self, spec: TrainingJob, now: float) -> None:
@@ -337,6 +347,7 @@ class SimCluster:
             nodes.add(c.node)
         j.containers = {}
         self._account(j, ZERO_STEP)
+        j.base = ZERO_STEP
         return nodes
 
     # ------------------------------------------------------------- dynamics
@@ -379,7 +390,8 @@ class SimCluster:
             if j.state is not JobState.RUNNING:
                 continue
             self._progress(j, now)
-            new = self._speed(j)
+            j.base = self._speed(j)
+            new = self._contend(j, j.base)
             j.view = None
             if new.speed == j.step.speed and new.cpu_used == j.step.cpu_used and j.paused_until <= now:
                 continue
@@ -391,12 +403,74 @@ class SimCluster:
 
     def _speed(self, j: _Job) -> Step:
         prof = ZOO[j.spec.model]
+        if self.input_scale and j.spec.id in self.input_scale:
+            prof = replace(prof, input_core_s_per_sample=prof.input_core_s_per_sample * self.input_scale[j.spec.id])
         workers, ps = [], []
         for c in j.containers.values():
             node = self.node_by_name[c.node]
             side = Side(c.res.cpu, self._bw(c), c.res.gpu, None, gpu_factor(node.gpu_model))
             (workers if c.role is Role.WORKER else ps).append(side)
         return step(prof, self.cal, j.spec.batch, workers, ps)
+
+    def _contend(self, j: _Job, base: Step) -> Step:
+        """The job's step under CPU contention: synchronous training runs at the pace of its
+        most contended container; a GPU job whose input pipeline gets a share ``k`` of the CPU
+        it uses slows to ``k`` of its speed (its use is what sustains that speed)."""
+        if not self.contention:
+            return base
+        k = min((self.contention.get(c.node, 1.0) for c in j.containers.values()), default=1.0)
+        if k >= 1.0:
+            return base
+        return replace(base, speed=base.speed * k, cpu_used=base.cpu_used * k, gpu_used=base.gpu_used * k,
+                       worker_busy=base.worker_busy * k, ps_busy=base.ps_busy * k, net_busy=base.net_busy * k,
+                       gpu_busy=base.gpu_busy * k)
+
+    def set_contention(self, factors: dict[str, float], now: float) -> None:
+        """Set the per-node contention shares (nodes absent: none) and re-time affected jobs."""
+        changed = {n for n in set(factors) | set(self.contention) if factors.get(n, 1.0) != self.contention.get(n, 1.0)}
+        if not changed:
+            return
+        self._integrate(now)
+        self.contention = {n: k for n, k in factors.items() if k < 1.0}
+        self._refresh(changed, now)
+
+    def set_input_scale(self, scales: dict[str, float], now: float) -> None:
+        """Set per-job factors on the input-pipeline cost (a job's CPU need) and re-time them."""
+        changed = {"job:" + k for k in set(scales) | set(self.input_scale)
+                   if scales.get(k, 1.0) != self.input_scale.get(k, 1.0)}
+        if not changed:
+            return
+        self._integrate(now)
+        self.input_scale = dict(scales)
+        self._refresh(changed, now)
+
+    def container_use(self, c: Container, contended: bool = False) -> float:
+        """Cores a training container keeps busy on average (no noise), at its job's base step
+        (what it needs) or, with ``contended``, at its current step (what it gets)."""
+        j = self.jobs[self.owner[c.id]]
+        st = j.step if contended else j.base
+        if st.speed <= 0:
+            return 0.0
+        t = st.t
+        if c.role is Role.WORKER:
+            if c.res.gpu > 0 and ZOO[j.spec.model].gpu_samples_per_s > 0:
+                return c.res.cpu * min(1.0, st.t_pipe / t) * (st.speed / j.base.speed if contended else 1.0)
+            return c.res.cpu * st.worker_busy
+        return c.res.cpu * st.ps_busy
+
+    def containers_on(self, node: str) -> list[Container]:
+        """Training containers on ``node``."""
+        return [self.jobs[self.owner[cid]].containers[cid] for cid in self.on_node[node]]
+
+    def speed_share(self) -> tuple[float, int]:
+        """(Σ over running jobs of speed / uncontended speed, number of running jobs)."""
+        tot, n = 0.0, 0
+        for jid in self.running:
+            j = self.jobs[jid]
+            if j.base.speed > 0:
+                tot += j.step.speed / j.base.speed
+                n += 1
+        return tot, n
 
     def _integrate(self, now: float) -> None:
         t = self.totals
@@ -406,4 +480,8 @@ class SimCluster:
             t.gpu_used_s += self.gpu_used * dt
             t.cpu_alloc_s += self.cpu_alloc * dt
             t.gpu_alloc_s += self.gpu_alloc * dt
+            if self.track_share:
+                share, n = self.speed_share()
+                t.speed_share_s += share * dt
+                t.job_s += n * dt
             t.t = now

@@ -13,6 +13,7 @@ class Ev(IntEnum):
     COMPLETION = 0
     ARRIVAL = 1
     TICK = 2
+    HARVEST = 3  # inference harvest round and SLO window (after the training round)
 
 
 class EventQueue:

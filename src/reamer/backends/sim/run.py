@@ -12,11 +12,13 @@ import numpy as np
 
 from reamer.backends.sim.cluster import SimCluster
 from reamer.backends.sim.engine import Ev, EventQueue
+from reamer.backends.sim.inference import SimInference
 from reamer.config.scenario import Scenario
-from reamer.control import Policy, control_round
+from reamer.control import HarvestPolicy, Policy, control_round, harvest_round
 from reamer.domain import JobState, TrainingJob
 from reamer.models.training import Calibration, load_calibration
 from reamer.policies import make_policy
+from reamer.policies.harvest_baselines import HARVEST_POLICIES, make_harvest_policy
 from reamer.workloads import build_jobs, build_nodes
 
 
@@ -52,6 +54,7 @@ class RunResult:
     metrics: dict[str, float]
     series: dict[str, list[float]] = field(default_factory=dict)
     timelines: dict[str, list[tuple[float, int, int, float]]] = field(default_factory=dict)
+    inference_series: dict[str, list[float]] = field(default_factory=dict)  # per SLO window
 
 
 SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_alloc_pct", "gpu_alloc_pct")
@@ -64,8 +67,14 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     jobs: list[TrainingJob] | None = None,
     track: int = 0,
+    harvest: str | HarvestPolicy | None = None,
 ) -> RunResult:
     """Run one scenario under one policy. Deterministic for ``sc.seed``.
+
+    With an ``inference:`` section, inference services are harvested from the GPU training
+    nodes by ``harvest`` (a harvesting policy name or object; default ``reamer``), one harvest
+    round per SLO window (:mod:`reamer.backends.sim.inference`); the run's metrics gain the
+    co-location keys and its policy name becomes ``TRAINING+HARVEST`` (e.g. ``static+reamer``).
 
     ``progress(done, total)`` is called as jobs finish; ``track`` keeps allocation timelines
     (time, PS, workers, cores) of that many jobs (the first to arrive) for the report.
@@ -85,6 +94,15 @@ def simulate(
                          sc.policy.telemetry_noise_pct, policy.interval_s, sc.cluster.restart_s)
     for spec in jobs:
         q.push(spec.arrival_s, Ev.ARRIVAL, spec)
+    inf: SimInference | None = None
+    hpolicy: HarvestPolicy | None = None
+    if sc.inference is not None:
+        inf = SimInference(sc, cluster, np.random.default_rng(ss.spawn(1)[0]))
+        hpolicy = _harvest_policy(sc, harvest)
+        q.push(0.0, Ev.HARVEST)
+    elif harvest is not None:
+        raise ValueError("a harvesting policy needs a scenario with an inference: section")
+    harvest_rounds = 0
     if policy.interval_s:
         q.push(policy.interval_s, Ev.TICK)
     pending = len(jobs)
@@ -99,7 +117,7 @@ def simulate(
         now = q.peek_time()
         if now > horizon:
             break
-        run_round = tick = False
+        run_round = tick = harvest_now = False
         while q and q.peek_time() == now:
             _, kind, payload = q.pop()
             if kind is Ev.ARRIVAL:
@@ -112,20 +130,33 @@ def simulate(
                     run_round = True
                     if progress:
                         progress(finished, len(jobs))
+            elif kind is Ev.HARVEST:
+                harvest_now = True
             else:
                 tick = run_round = True
-        if not run_round:
-            continue
-        rnd = control_round(cluster, policy, now)
-        rounds += 1
-        _record(series, cluster, now)
-        for jid in tracked:
-            _timeline(timelines[jid], cluster, jid, now)
-        if tick:
-            idle = not cluster.running and not pending
-            if not (idle and (not cluster.queue or not rnd.decisions)):
-                q.push(now + policy.interval_s, Ev.TICK)
+        if run_round:
+            rnd = control_round(cluster, policy, now)
+            rounds += 1
+            _record(series, cluster, now)
+            for jid in tracked:
+                _timeline(timelines[jid], cluster, jid, now)
+            if tick:
+                idle = not cluster.running and not pending
+                if not (idle and (not cluster.queue or not rnd.decisions)):
+                    q.push(now + policy.interval_s, Ev.TICK)
+            if inf is not None:
+                inf.update_contention(now)  # training changed: re-check over-committed nodes
+        if harvest_now and inf is not None and hpolicy is not None:
+            harvest_round(inf, hpolicy, now)
+            harvest_rounds += 1
+            inf.vary_need(now)  # training's need for the coming window (metrics lag by one)
+            inf.update_contention(now)
+            inf.serve(now)
+            if inf.window(now) + 1 < inf.windows:
+                q.push(now + inf.interval_s, Ev.HARVEST)
 
+    if inf is not None:  # co-location runs last their SLO windows (or the horizon)
+        cluster._integrate(min(horizon, inf.windows * inf.interval_s))
     cluster._integrate(max((j.finished or 0.0) for j in cluster.jobs.values()) if cluster.jobs else 0.0)
     records = [
         JobRecord(j.spec.id, j.spec.model, j.spec.arrival_s, j.started, j.finished, j.queue_s, j.spec.samples, j.reconfigs)
@@ -134,8 +165,35 @@ def simulate(
     ]
     unfinished = len(jobs) - len(records)
     metrics = _metrics(records, cluster, q.popped, rounds, unfinished)
+    name = policy.name
+    inf_series: dict[str, list[float]] = {}
+    if inf is not None and hpolicy is not None:
+        metrics.update(inf.metrics())
+        metrics["harvest_rounds"] = harvest_rounds
+        name = f"{policy.name}+{hpolicy.name}"
+        inf_series = inf.series
     metrics["wall_s"] = time.perf_counter() - wall0
-    return RunResult(sc.name, policy.name, sc.seed, records, unfinished, metrics, series, timelines)
+    return RunResult(sc.name, name, sc.seed, records, unfinished, metrics, series, timelines, inf_series)
+
+
+def _harvest_policy(sc: Scenario, harvest: str | HarvestPolicy | None) -> HarvestPolicy:
+    from pydantic import ValidationError
+
+    from reamer.errors import InputError
+
+    assert sc.inference is not None
+    if harvest is None:
+        harvest = "reamer"
+    if not isinstance(harvest, str):
+        return harvest
+    if harvest not in HARVEST_POLICIES:
+        raise InputError(sc.source, "harvest policy", f"one of {', '.join(HARVEST_POLICIES)}", harvest)
+    try:
+        return make_harvest_policy(harvest, sc.policy.options.get(harvest), sc.inference.interval_s)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise InputError(sc.source, f"policy.options.{harvest}.{where}", err["msg"].lower()) from None
 
 
 def _record(series: dict[str, list[float]], c: SimCluster, now: float) -> None:

@@ -1,0 +1,237 @@
+"""Cloud Reamer in the simulator: inference on the spare CPU of GPU training nodes (issue 4).
+
+    python bench/reamer.py --json bench-reamer.json [--quick] [--seeds 1 2 3] [--workers N]
+
+Cluster: an evenly spaced subset of the openb GPU nodes (``../shared/data``). Training: GPU
+pods of the openb pod list, in a seeded random order, taken until their GPU requests reach
+``packing_pct`` of the cluster's GPUs, all submitted at t = 0 and placed by ``static``
+(kube-scheduler, bin-packing), held for the whole horizon (they never finish). Inference:
+five services (ResNet-50, MobileNet-v2, BERT-base, VGG-16, DeepSpeech2-style) on seeded
+diurnal rates whose peak needs, as sized by the policies, ``peak_load`` × the GPU-node cores
+left unrequested at 70 % packing (the same seed), split evenly. A dedicated CPU pool takes
+what is not harvested. Training need drifts: every job's input-pipeline cost per sample is
+scaled each minute by a log-normal AR(1) factor (``--need-variation``, default 0.3, corr 0.9;
+an assumption until the local backend measures real pipelines), so policies face a need that
+moves between their measurements.
+
+Policies (training + harvesting): ``dedicated``, ``naive``, ``usage-reclaim``, ``reamer`` on
+``static`` training, and ``nearchus+reamer`` (NEARCHUS allocates training; Reamer's slack uses
+NEARCHUS's limits as the training need). Metrics per run: the co-location keys of
+:mod:`reamer.backends.sim.inference` plus the realised ``gpu_alloc_pct``. Ratios: per policy,
+min and max over all runs of SLO attainment, training slowdown and harvested share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+# this file is named like the package: keep its own folder off the import path for ``reamer``
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.modules.pop("reamer", None) if getattr(sys.modules.get("reamer"), "__file__", "") == __file__ else None
+
+from reamer.backends.sim import simulate  # noqa: E402
+from reamer.config.scenario import Scenario, parse_scenario  # noqa: E402
+from reamer.domain import Resources, TrainingJob  # noqa: E402
+from reamer.models.inference import load_inference_profiles, size_service  # noqa: E402
+from reamer.models.training import load_calibration  # noqa: E402
+from reamer.models.zoo import ZOO  # noqa: E402
+from reamer.policies.harvest import ReamerConfig  # noqa: E402
+from reamer.reports.results import document, run_entry, write_json  # noqa: E402
+from reamer.workloads.build import request_speed  # noqa: E402
+
+sys.path.append(str(_HERE))
+from _common import OPENB_NODES, OPENB_PODS  # noqa: E402
+
+GIB = 1024.0
+SERVICES = [  # id, model, p99 SLO (ms)
+    ("resnet50", "resnet50", 150.0),
+    ("mobilenet", "mobilenet_v2", 50.0),
+    ("bert", "bert_base", 600.0),
+    ("vgg16", "vgg16", 800.0),
+    ("speech", "deepspeech2", 1500.0),
+]
+POLICIES = {  # run name -> (training policy, harvesting policy, training need source)
+    "dedicated": ("static", "dedicated", "usage"),
+    "naive": ("static", "naive", "usage"),
+    "usage-reclaim": ("static", "usage-reclaim", "usage"),
+    "reamer": ("static", "reamer", "usage"),
+    "nearchus+reamer": ("nearchus", "reamer", "limits"),
+}
+TRAIN_MODELS = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121", "bert_base", "vit_b16"]
+KEYS = ["slo_attainment_pct", "requests_within_slo_pct", "training_slowdown_pct", "harvested_share_pct",
+        "harvested_core_hours", "dedicated_node_hours", "migrations", "evictions", "gpu_node_cpu_util_pct",
+        "gpu_alloc_pct", "over_slack_core_hours", "pool_core_hours"]
+RESERVE = 2.0
+
+
+def gpu_nodes(n: int, folder: Path) -> tuple[Path, float, float]:
+    """Write an evenly spaced subset of ``n`` openb GPU nodes; return (csv, GPUs, cores)."""
+    with OPENB_NODES.open() as f:
+        rows = [r for r in csv.DictReader(f) if float(r["gpu"] or 0) > 0]
+    rows = [rows[int(k * len(rows) / n)] for k in range(min(n, len(rows)))]
+    out = folder / "gpu_nodes.csv"
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return out, sum(float(r["gpu"]) for r in rows), sum(float(r["cpu_milli"]) / 1000 for r in rows)
+
+
+def gpu_pods() -> list[tuple[str, float, float, int, float]]:
+    with OPENB_PODS.open() as f:
+        return [(r["name"], float(r["cpu_milli"]) / 1000, float(r["memory_mib"]), int(r["num_gpu"]),
+                 float(r["gpu_milli"])) for r in csv.DictReader(f) if int(r["num_gpu"] or 0) > 0]
+
+
+def pick(pods, order: np.ndarray, gpus: float, packing: float) -> list:
+    out, total = [], 0.0
+    for i in order:
+        p = pods[i]
+        g = p[3] * p[4] / 1000.0
+        if total + g > packing * gpus + 1e-9:
+            continue  # skip pods that would overshoot the target
+        out.append(p)
+        total += g
+        if total >= packing * gpus - 0.05:
+            break
+    return out
+
+
+def jobs_of(pods, rng: np.random.Generator, horizon_s: float) -> list[TrainingJob]:
+    cal = load_calibration()
+    jobs = []
+    for name, cpu, mem, ngpu, gmilli in pods:
+        workers = max(1, ngpu)
+        w_res = Resources(cpu / workers, mem / workers, gmilli / 1000.0)
+        p_res = Resources(1.0, 2.0 * GIB)
+        model = TRAIN_MODELS[int(rng.integers(len(TRAIN_MODELS)))]
+        speed = request_speed(model, cal, ZOO[model].batch, 1, workers, p_res, w_res, 10.0)
+        jobs.append(TrainingJob(name, model, 0.0, speed * horizon_s * 100.0, 1, workers, p_res, w_res,
+                                ZOO[model].batch, max_workers=max(16, workers)))
+    return jobs
+
+
+def peak_rate(model: str, slo_ms: float, cores: float) -> float:
+    """Rate whose sizing (as the policies size: headroom, quantile) needs about ``cores`` cores."""
+    cfg = ReamerConfig()
+    prof = load_inference_profiles()[model]
+
+    def need(rate: float) -> float:
+        sz = size_service(rate, slo_ms / 1e3, prof, cfg.core_options, cfg.batch_options, cfg.wait_options,
+                          headroom=cfg.headroom, quantile=cfg.quantile)
+        return math.inf if sz is None else sz.total_cores
+
+    lo, hi = 0.0, 1.0
+    while need(hi) < cores:
+        hi *= 2
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if need(mid) <= cores else (lo, mid)
+    return lo
+
+
+def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, need: str,
+             variation: float) -> Scenario:
+    per = peak_cores / len(SERVICES)
+    services = [{"id": sid, "model": m, "slo_p99_ms": slo, "peak_rate_per_s": max(0.01, peak_rate(m, slo, per)),
+                 "rate": {"kind": "diurnal", "start_hour": 14.0 - horizon_s / 7200.0}} for sid, m, slo in SERVICES]
+    pool_count = int(math.ceil(peak_cores * 1.6 / 30.0)) + 2
+    return parse_scenario({
+        "name": "openb-gpu", "seed": seed, "horizon_s": horizon_s,
+        "cluster": {"node_list": str(nodes_csv), "nic_gbps": 10},
+        "workload": {"kind": "synthetic", "jobs": 1},  # replaced by the packed pods
+        "policy": {"options": {"static": {"placement": "pack"}, "nearchus": {"placement": "pack"}}},
+        "inference": {"services": services, "pool": {"count": pool_count, "cores": 32},
+                      "system_reserve_cores": RESERVE, "training_need": need, "need_variation": variation},
+    }, "bench/reamer.py")
+
+
+def one(args) -> dict:
+    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation = args
+    training, harvest, need = POLICIES[name]
+    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, need, variation)
+    pods = gpu_pods()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(pods))
+    _, gpus, _ = _NODES
+    jobs = jobs_of(pick(pods, order, gpus, packing / 100.0), rng, horizon_s)
+    r = simulate(sc, training, jobs=jobs, harvest=harvest)
+    m = {k: r.metrics[k] for k in KEYS}
+    m["wall_s"] = r.metrics["wall_s"]
+    return run_entry(sc.name, seed, name, m, {"packing_pct": packing, "peak_load": load, "need_variation": variation})
+
+
+_NODES: tuple[Path, float, float] = (Path(), 0.0, 0.0)
+
+
+def _init(nodes) -> None:
+    global _NODES
+    _NODES = nodes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", dest="json_out", required=True)
+    ap.add_argument("--seeds", type=int, nargs="+")
+    ap.add_argument("--quick", action="store_true", help="12 nodes, 6 h, two seeds")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--loads", type=float, nargs="+", default=[0.25, 0.5],
+                    help="peak loads (× unrequested GPU-node cores at 70%% packing)")
+    ap.add_argument("--need-variation", type=float, default=0.3,
+                    help="log-sd of each job's per-window input-pipeline cost drift (assumption, not measured)")
+    a = ap.parse_args()
+    if not (OPENB_NODES.is_file() and OPENB_PODS.is_file()):
+        print(f"needs the openb data in {OPENB_NODES.parent}", file=sys.stderr)
+        return 2
+    seeds = a.seeds or ([1, 2] if a.quick else [1, 2, 3])
+    n_nodes, horizon = (12, 6 * 3600.0) if a.quick else (24, 12 * 3600.0)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-reamer-"))
+    nodes = gpu_nodes(n_nodes, tmp)
+    _init(nodes)
+    pods = gpu_pods()
+    tasks = []
+    for seed in seeds:
+        order = np.random.default_rng(seed).permutation(len(pods))
+        ref = pick(pods, order, nodes[1], 0.70)
+        unrequested = nodes[2] - sum(p[1] for p in ref)
+        for packing in (70, 85, 95):
+            for load in a.loads:
+                for name in a.policies:
+                    tasks.append((seed, packing, load, name, str(nodes[0]), horizon, load * unrequested,
+                                  a.need_variation))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes,)) as ex:
+        runs = list(ex.map(one, tasks))
+    ratios: dict[str, float] = {}
+    for name in a.policies:
+        mine = [r["metrics"] for r in runs if r["policy"] == name]
+        for k in ("slo_attainment_pct", "training_slowdown_pct", "harvested_share_pct"):
+            vals = [m[k] for m in mine if m[k] is not None]
+            if vals:
+                key = name.replace("+", "_").replace("-", "_")  # snake_case keys
+                ratios[f"{key}_{k[:-4]}_min_pct"] = min(vals)
+                ratios[f"{key}_{k[:-4]}_max_pct"] = max(vals)
+    write_json(a.json_out, document("reamer", runs, ratios))
+    print(f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {a.json_out}")
+    hdr = f"{'policy':16} {'pack':>4} {'load':>5} " + " ".join(f"{k[:12]:>12}" for k in KEYS[:10])
+    print(hdr)
+    for r in runs:
+        m = r["metrics"]
+        vals = " ".join(f"{(m[k] if m[k] is not None else float('nan')):12.2f}" for k in KEYS[:10])
+        print(f"{r['policy']:16} {r['params']['packing_pct']:>4} {r['params']['peak_load']:>5} {vals}  s{r['seed']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,409 @@
+"""Simulated inference services co-located on GPU training nodes (Cloud Reamer, issue 4).
+
+:class:`SimInference` implements :class:`reamer.control.HarvestBackend`: it observes what
+training uses on each GPU node (from the training speed model, with seeded noise) and the
+services' replicas, applies a harvesting policy's replica decisions, and judges every service
+once per window (``inference.interval_s``, default one minute). Model, per window ``m``:
+
+* **Rates.** Each service's mean rate ``rate[m]`` comes from its source (seeded diurnal curve
+  or the GenAI trace scaled to the peak). The policy sees the *observed* rate of past windows
+  (a Poisson count / window) and a forecast ``max(r1, r1 + (r1 - r2))`` of the last two (the
+  first window: the true rate).
+* **Latency** (analytic mode, :mod:`reamer.models.inference`). Requests are split across a
+  service's replicas in proportion to each replica's capacity at the SLO; each replica is a
+  stationary M/G^(1,B)/1 bulk queue at its share of ``rate[m]``. Its load ratio is rounded *up*
+  to a 0.01 grid and its cores *down* to a 0.05 grid so the analytic values can be cached
+  (conservative); interference slowdowns are rounded to 0.001; at ≥ 0.97 of
+  saturation a replica misses every request. A service-minute meets its SLO when the share of
+  its requests slower than the SLO (the capacity-weighted mix of the replicas' miss shares) is
+  ≤ 1 %, i.e. exactly when the mixed latency law's p99 ≤ SLO. ``requests_within_slo_pct``
+  is ``100 × (1 − miss share)`` weighted by the expected request count: an approximation from
+  the stationary latency distribution (the per-minute scatter of a finite sample is not
+  modelled). The p99 a policy observes is the largest p99 of the replicas that get ≥ 0.5 % of
+  the requests (an upper bound of the mix's p99).
+* **Training need.** Each training container's CPU use is the speed model's (a GPU worker's
+  input pipeline busy ``t_pipe / t`` of the step, a PS its update share), measured with
+  seeded noise once per window; the need signal reads the *uncontended* use (what training
+  would use; a node agent sees it as CPU pressure/throttling when it is contended), while
+  ``training_used`` reads what training actually got. A node's ``training_need`` is the larger of the last
+  measurement and the ``need_percentile`` (p95) of the measurements over the last
+  ``need_window_s`` (``training_need: usage``: a rise counts at once, a dip only once it
+  lasts), or the
+  containers' CPU limits (``limits``: NEARCHUS's trimmed limits in the joint mode);
+  ``training_used`` is the last window's measured use (what Koordinator-style reclaiming
+  reads). With ``need_variation`` > 0 every job's input-pipeline cost drifts (log-normal
+  AR(1), redrawn each window *after* the round decided), so a policy always acts on the
+  previous window's measurements.
+* **CPU contention.** Replicas run on their CPU limit. On a training node, when training's
+  CPU use (at uncontended speed) + the inference limits + the system reserve exceed the
+  node's cores, training gets the rest, share ``k = (cores − reserve − inference) / use``
+  of what it needs, and every job with a container there slows to ``k`` of its speed
+  (:meth:`SimCluster.set_contention`). ``training_slowdown_pct`` is ``100 × (1 − mean k)``
+  over running jobs, integrated over time (job-seconds): the ratio of contended to
+  uncontended speed measured in the same run (no second run needed: the uncontended step
+  is kept beside the contended one).
+* **Interference** (coefficients default 0 until the local-backend calibration measures
+  them): training speed ÷ ``1 + training_interference × inference cores / node cores``;
+  replica latency × ``1 + inference_interference × training use / node cores``.
+* **Startup.** A placed or migrated replica serves in the window it is placed in (no start-up
+  delay modelled); migration is make-before-break, so it never loses a window.
+
+Evictions are :class:`EvictReplica` decisions that come with a new replica of the same
+service in the same round (a replica pushed out); the others are scale-downs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from reamer.backends.sim.cluster import InvalidDecision, SimCluster
+from reamer.config.scenario import DiurnalRate, InferenceSection, Scenario
+from reamer.domain import Node
+from reamer.domain.inference import (
+    EvictReplica,
+    HarvestDecision,
+    HarvestSnapshot,
+    MigrateReplica,
+    NodeUsage,
+    PlaceReplica,
+    Replica,
+    ResizeReplica,
+    ServiceState,
+)
+from reamer.errors import InputError
+from reamer.models.inference import (
+    InferenceProfile,
+    analytic_p99_s,
+    analytic_slo_miss,
+    capacity_per_replica,
+    load_inference_profiles,
+    max_throughput_per_s,
+)
+from reamer.workloads.rates import diurnal_rates, read_genai_qps
+
+GIB = 1024.0
+RHO_GRID = 0.01
+CORE_GRID = 0.05  # a replica's cores are rounded *down* to this grid for the latency lookups
+RHO_MAX = 0.97
+MISS_OK = 0.01 + 1e-12  # a window meets a p99 SLO when at most 1 % of its requests miss
+
+
+@lru_cache(maxsize=65536)
+def _replica_latency(profile: InferenceProfile, cores: float, max_batch: int, max_wait_s: float, slo_s: float,
+                     slowdown: float, rho_q: int) -> tuple[float, float]:
+    """(p99 s, share of requests over the SLO) of one replica at load ratio ``rho_q × RHO_GRID``."""
+    rho = rho_q * RHO_GRID
+    if rho >= RHO_MAX:
+        return math.inf, 1.0
+    rate = rho * max_throughput_per_s(profile, cores, max_batch, slowdown)
+    return (analytic_p99_s(rate, profile, cores, max_batch, max_wait_s, slowdown),
+            analytic_slo_miss(rate, profile, cores, max_batch, max_wait_s, slo_s, slowdown))
+
+
+def pool_nodes(sec: InferenceSection) -> tuple[Node, ...]:
+    p = sec.pool
+    return tuple(Node(f"{p.name}-{k:04d}", p.cores, p.mem_gib * GIB, pool=p.name) for k in range(p.count))
+
+
+def service_rates(sc: Scenario, minutes: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Mean request rate (req/s) per window of every service, ``minutes`` windows long."""
+    sec = sc.inference
+    assert sec is not None
+    out = {}
+    for k, s in enumerate(sec.services):
+        r = s.rate
+        if isinstance(r, DiurnalRate):
+            start = int(round(r.start_hour * 60 * 60 / sec.interval_s))
+            rates = diurnal_rates(minutes, s.peak_rate_per_s, s.peak_rate_per_s * r.trough_frac, rng,
+                                  peak_hour=r.peak_hour, noise=r.noise, start_minute=start)
+        else:
+            series = read_genai_qps(r.path, window_s=sec.interval_s, request_type=r.request_type,
+                                    peak_per_s=s.peak_rate_per_s)
+            rates = np.resize(series, minutes)  # repeat the trace when the run is longer
+        out[s.id] = np.asarray(rates, dtype=float)
+    return out
+
+
+@dataclass
+class _Service:
+    id: str
+    model: str
+    profile: InferenceProfile
+    slo_s: float
+    mem: float
+    rates: np.ndarray
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    observed: list[float] = field(default_factory=list)  # observed rate per past window
+    last_p99: float | None = None
+    next_id: int = 0
+
+
+@dataclass
+class InferenceTotals:
+    windows: int = 0
+    service_windows: int = 0
+    service_windows_ok: int = 0
+    requests: float = 0.0
+    requests_ok: float = 0.0
+    harvested_core_s: float = 0.0
+    pool_core_s: float = 0.0
+    pool_node_s: float = 0.0
+    gpu_node_used_core_s: float = 0.0
+    gpu_node_core_s: float = 0.0
+    over_slack_core_s: float = 0.0  # inference cores above (cores − reserve − training use)
+    migrations: int = 0
+    evictions: int = 0
+    placements: int = 0
+    resizes: int = 0
+
+
+class SimInference:
+    """The ``sim`` backend of the harvest round (observe → decide → actuate), one per run."""
+
+    def __init__(self, sc: Scenario, cluster: SimCluster, rng: np.random.Generator,
+                 profiles: dict[str, InferenceProfile] | None = None, noise_pct: float | None = None) -> None:
+        sec = sc.inference
+        if sec is None:
+            raise ValueError("scenario has no inference section")
+        self.sec = sec
+        self.cluster = cluster
+        cluster.track_share = True
+        self.rng = rng
+        self.noise = (sc.policy.telemetry_noise_pct if noise_pct is None else noise_pct) / 100.0
+        self.interval_s = sec.interval_s
+        profiles = profiles if profiles is not None else load_inference_profiles()
+        self.train_nodes = tuple(n for n in cluster.nodes if n.gpus > 0)
+        if any(n.pool == sec.pool.name for n in cluster.nodes):
+            raise InputError(sc.source, "field inference.pool.name", "a name no cluster node pool uses", sec.pool.name)
+        self.pool = pool_nodes(sec)
+        self.nodes = self.train_nodes + self.pool
+        self.node_by_name = {n.name: n for n in self.nodes}
+        self.train_names = {n.name for n in self.train_nodes}
+        horizon = sc.horizon_s or 86400.0
+        self.windows = int(math.ceil(horizon / self.interval_s))
+        for k, s in enumerate(sec.services):
+            if s.model not in profiles:
+                raise InputError(sc.source, f"field inference.services.{k}.model",
+                                 f"one of {', '.join(sorted(profiles))}", s.model)
+        rates = service_rates(sc, self.windows, rng)
+        self.services = {s.id: _Service(s.id, s.model, profiles[s.model], s.slo_p99_ms / 1e3, s.mem_mib_per_replica,
+                                        rates[s.id]) for s in sec.services}
+        self.replica_service: dict[str, str] = {}
+        self.totals = InferenceTotals()
+        self.use_hist: dict[str, deque[float]] = {n.name: deque() for n in self.train_nodes}
+        self.need_log: dict[str, float] = {}  # job id -> AR(1) state of its need variation
+        self.series: dict[str, list[float]] = {"t": [], "harvested_cores": [], "pool_cores": [], "slo_ok_pct": []}
+
+    # ------------------------------------------------------------------ helpers
+    def window(self, now: float) -> int:
+        return int(math.floor(now / self.interval_s + 1e-9))
+
+    def _noise(self) -> float:
+        return max(0.0, 1.0 + self.noise * float(self.rng.standard_normal())) if self.noise else 1.0
+
+    def inference_cores(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for s in self.services.values():
+            for r in s.replicas.values():
+                out[r.node] = out.get(r.node, 0.0) + r.cores
+        return out
+
+    def _training(self, node: str, contended: bool) -> float:
+        c = self.cluster
+        return sum(c.container_use(x, contended) for x in c.containers_on(node))
+
+    # ------------------------------------------------------------------ observe
+    def observe(self, now: float) -> HarvestSnapshot:
+        sec = self.sec
+        usage = {}
+        for n in self.train_nodes:
+            cont = self.cluster.containers_on(n.name)
+            used = self._training(n.name, True) * self._noise()
+            hist = self.use_hist[n.name]
+            hist.append(self._training(n.name, False) * self._noise())
+            while len(hist) > max(1, int(round(sec.need_window_s / self.interval_s))):
+                hist.popleft()
+            if sec.training_need == "limits":
+                need = sum(x.res.cpu for x in cont)
+            else:
+                need = max(hist[-1], float(np.percentile(np.asarray(hist), sec.need_percentile)))
+            request = 0.0
+            for x in cont:
+                spec = self.cluster.jobs[x.owner].spec
+                request += (spec.worker_res if x.role.value == "worker" else spec.ps_res).cpu
+            mem = sum(x.res.mem_mib for x in cont)
+            usage[n.name] = NodeUsage(n.name, n.cores, sec.system_reserve_cores, need, request, now,
+                                      training_used=used, mem_used_mib=mem)
+        m = self.window(now)
+        services = []
+        for s in self.services.values():
+            if s.observed:
+                r1 = s.observed[-1]
+                r2 = s.observed[-2] if len(s.observed) > 1 else r1
+                pred = max(r1, r1 + (r1 - r2))
+            else:
+                pred = float(s.rates[min(m, len(s.rates) - 1)])
+            services.append(ServiceState(s.id, s.model, s.slo_s, pred, tuple(s.replicas.values()), s.last_p99, s.mem))
+        return HarvestSnapshot(now, self.nodes, usage, tuple(services), sec.pool.name)
+
+    # ------------------------------------------------------------------ actuate
+    def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None:
+        placed = {d.service for d in decisions if isinstance(d, PlaceReplica)}
+        t = self.totals
+        for d in decisions:
+            if isinstance(d, PlaceReplica):
+                s = self.services.get(d.service)
+                if s is None or d.node not in self.node_by_name or d.cores <= 0:
+                    raise InvalidDecision(f"place {d}: unknown service or node, or no cores")
+                rid = f"{s.id}/r{s.next_id}"
+                s.next_id += 1
+                s.replicas[rid] = Replica(rid, d.node, d.cores, d.max_batch, d.max_wait_s)
+                self.replica_service[rid] = s.id
+                t.placements += 1
+                continue
+            s = self.services[self.replica_service[d.replica]] if d.replica in self.replica_service else None
+            if s is None:
+                raise InvalidDecision(f"unknown replica {d.replica}")
+            r = s.replicas[d.replica]
+            if isinstance(d, ResizeReplica):
+                if d.cores <= 0:
+                    raise InvalidDecision(f"resize {d.replica} to {d.cores} cores")
+                s.replicas[r.id] = Replica(r.id, r.node, d.cores, r.max_batch, r.max_wait_s)
+                t.resizes += 1
+            elif isinstance(d, MigrateReplica):
+                if d.to_node not in self.node_by_name:
+                    raise InvalidDecision(f"migrate {d.replica}: unknown node {d.to_node}")
+                s.replicas[r.id] = Replica(r.id, d.to_node, r.cores, r.max_batch, r.max_wait_s)
+                t.migrations += 1
+            elif isinstance(d, EvictReplica):
+                del s.replicas[r.id]
+                del self.replica_service[r.id]
+                if s.id in placed:
+                    t.evictions += 1
+            else:  # pragma: no cover
+                raise InvalidDecision(f"unknown decision {d!r}")
+
+    # ------------------------------------------------------------------ need variation
+    def vary_need(self, now: float) -> None:
+        """Redraw each running job's input-pipeline cost factor for the coming window."""
+        sec = self.sec
+        if sec.need_variation <= 0:
+            return
+        sd, rho = sec.need_variation, sec.need_corr
+        scales = {}
+        for jid in self.cluster.running:
+            e = self.need_log.get(jid)
+            if e is None:
+                e = float(self.rng.standard_normal()) * sd
+            else:
+                e = rho * e + float(self.rng.standard_normal()) * sd * math.sqrt(1.0 - rho * rho)
+            self.need_log[jid] = e
+            scales[jid] = math.exp(e - 0.5 * sd * sd)
+        for jid in [k for k in self.need_log if k not in scales]:
+            del self.need_log[jid]
+        self.cluster.set_input_scale(scales, now)
+
+    # ------------------------------------------------------------------ contention
+    def update_contention(self, now: float) -> None:
+        """Re-time training on nodes where inference over-commits the CPU (or interferes)."""
+        sec = self.sec
+        inf = self.inference_cores()
+        factors = {}
+        for n in self.train_nodes:
+            cores_inf = inf.get(n.name, 0.0)
+            if cores_inf <= 0:
+                continue
+            use = self._training(n.name, False)
+            avail = n.cores - sec.system_reserve_cores - cores_inf
+            k = 1.0 if use <= avail else max(0.0, avail) / use
+            k /= 1.0 + sec.training_interference * cores_inf / n.cores
+            if k < 1.0:
+                factors[n.name] = k
+        self.cluster.set_contention(factors, now)
+
+    # ------------------------------------------------------------------ serve one window
+    def serve(self, now: float) -> None:
+        """Judge window ``[now, now + interval)`` with the replicas and contention in place."""
+        sec, t, dt = self.sec, self.totals, self.interval_s
+        m = self.window(now)
+        if m >= self.windows:
+            return
+        t.windows += 1
+        load = {n.name: self._training(n.name, True) / n.cores for n in self.train_nodes}
+        busy: dict[str, float] = {}
+        ok_now = 0
+        for s in self.services.values():
+            rate = float(s.rates[m])
+            reps = list(s.replicas.values())
+            cores = [max(CORE_GRID, math.floor(r.cores / CORE_GRID + 1e-9) * CORE_GRID) for r in reps]
+            caps = [capacity_per_replica(s.profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_s)
+                    for r, c in zip(reps, cores, strict=True)]
+            total = sum(caps)
+            weights = [c / total for c in caps] if total > 0 else [1.0 / len(reps)] * len(reps) if reps else []
+            miss, p99 = (1.0 if rate > 0 else 0.0), (math.inf if rate > 0 else None)
+            if reps:
+                miss, worst = 0.0, 0.0
+                for r, c, w in zip(reps, cores, weights, strict=True):
+                    slow = round(1.0 + sec.inference_interference * load.get(r.node, 0.0), 3)
+                    sat = max_throughput_per_s(s.profile, c, r.max_batch, slow)
+                    rho = rate * w / sat
+                    rho_q = min(int(math.ceil(rho / RHO_GRID - 1e-9)), int(RHO_MAX / RHO_GRID) + 1)
+                    p, x = _replica_latency(s.profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_s,
+                                            slow, rho_q)
+                    miss += w * x
+                    if w >= 0.005:
+                        worst = max(worst, p)
+                    busy[r.node] = busy.get(r.node, 0.0) + r.cores * min(1.0, rho)
+                p99 = worst
+            ok = miss <= MISS_OK
+            t.service_windows += 1
+            t.service_windows_ok += int(ok)
+            ok_now += int(ok)
+            t.requests += rate * dt
+            t.requests_ok += rate * dt * (1.0 - min(1.0, miss))
+            s.last_p99 = p99
+            s.observed.append(float(self.rng.poisson(rate * dt)) / dt)
+        inf = self.inference_cores()
+        harvested = sum(v for k, v in inf.items() if k in self.train_names)
+        pool = sum(v for k, v in inf.items() if k not in self.train_names)
+        t.harvested_core_s += harvested * dt
+        t.pool_core_s += pool * dt
+        t.pool_node_s += sum(1 for k, v in inf.items() if k not in self.train_names and v > 0) * dt
+        for n in self.train_nodes:
+            train = load[n.name] * n.cores
+            t.gpu_node_used_core_s += (train + busy.get(n.name, 0.0)) * dt
+            t.gpu_node_core_s += n.cores * dt
+            slack = n.cores - sec.system_reserve_cores - self._training(n.name, False)
+            t.over_slack_core_s += max(0.0, inf.get(n.name, 0.0) - max(0.0, slack)) * dt
+        self.series["t"].append(now)
+        self.series["harvested_cores"].append(harvested)
+        self.series["pool_cores"].append(pool)
+        self.series["slo_ok_pct"].append(100.0 * ok_now / max(1, len(self.services)))
+
+    # ------------------------------------------------------------------ metrics
+    def metrics(self) -> dict[str, float]:
+        t = self.totals
+        ct = self.cluster.totals
+        served = t.harvested_core_s + t.pool_core_s
+        return {
+            "slo_attainment_pct": 100.0 * t.service_windows_ok / t.service_windows if t.service_windows else math.nan,
+            "requests_within_slo_pct": 100.0 * t.requests_ok / t.requests if t.requests > 0 else math.nan,
+            "training_slowdown_pct": 100.0 * (1.0 - ct.speed_share_s / ct.job_s) if ct.job_s > 0 else 0.0,
+            "harvested_share_pct": 100.0 * t.harvested_core_s / served if served > 0 else 0.0,
+            "harvested_core_hours": t.harvested_core_s / 3600.0,
+            "pool_core_hours": t.pool_core_s / 3600.0,
+            "dedicated_node_hours": t.pool_node_s / 3600.0,
+            "migrations": float(t.migrations),
+            "evictions": float(t.evictions),
+            "replica_placements": float(t.placements),
+            "replica_resizes": float(t.resizes),
+            "gpu_node_cpu_util_pct": 100.0 * t.gpu_node_used_core_s / t.gpu_node_core_s if t.gpu_node_core_s else 0.0,
+            "over_slack_core_hours": t.over_slack_core_s / 3600.0,
+            "service_windows": float(t.service_windows),
+        }

@@ -1,0 +1,223 @@
+"""Open-loop load generator: Poisson arrivals, latency percentiles as JSON.
+
+    python -m reamer.workloads.real.loadgen --url http://127.0.0.1:8080/infer --rate 50 --duration 10
+    python -m reamer.workloads.real.loadgen --url ... --rates 10,20,40,20 --interval 1 --seed 3
+
+Arrivals are a Poisson process whose rate is piecewise constant: ``--rate`` for the
+whole run, or ``--rates`` (one rate per ``--interval`` seconds, e.g. per second from a
+trace). The schedule is drawn up front from ``--seed`` and bounded by ``--duration`` and
+``--max-requests``. It is open-loop: a request is due at its arrival time whether or not
+earlier ones have answered; a pool of ``--max-inflight`` sender threads sends them
+(stdlib ``http.client``, one connection per request), and latency is measured from the
+*scheduled* arrival, so a backlog on the client side shows up as latency rather than as a
+silently lower rate. Only the given URL is ever contacted.
+
+The report (stdout, one JSON object): sent / ok / errors, offered and achieved rate,
+latency p50 / p95 / p99 / mean / max in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import queue
+import random
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+SAMPLE_FLOATS = 3 * 32 * 32
+
+
+def poisson_arrivals(
+    rates: Sequence[float],
+    interval_s: float,
+    duration_s: float,
+    seed: int,
+    max_requests: int | None = None,
+) -> list[float]:
+    """Arrival times (seconds from start) of a Poisson process with rate ``rates[i]`` in
+    ``[i*interval_s, (i+1)*interval_s)`` (the last rate holds to ``duration_s``).
+    Exact for piecewise-constant rates (memorylessness: each piece draws afresh)."""
+    if not rates:
+        raise ValueError("rates: expected at least one rate")
+    if any(r < 0 or not math.isfinite(r) for r in rates):
+        raise ValueError(f"rates: expected finite rates >= 0, got {list(rates)!r}")
+    if interval_s <= 0 or duration_s <= 0:
+        raise ValueError("interval_s and duration_s must be > 0")
+    rng = random.Random(seed)
+    out: list[float] = []
+    i = 0
+    while True:
+        start = i * interval_s
+        if start >= duration_s:
+            break
+        end = min(duration_s, start + interval_s)
+        rate = rates[min(i, len(rates) - 1)]
+        t = start
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= end:
+                break
+            out.append(t)
+            if max_requests is not None and len(out) >= max_requests:
+                return out
+        i += 1
+    return out
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile ``q`` in [0, 100] of already sorted values."""
+    if not sorted_values:
+        return None
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
+
+
+def default_payload(seed: int = 0) -> bytes:
+    """One CIFAR-shaped float32 sample (what ``inference_server`` takes as octet-stream)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).standard_normal(SAMPLE_FLOATS).astype("<f4").tobytes()
+
+
+def run_load(
+    url: str,
+    *,
+    rates: Sequence[float],
+    interval_s: float = 1.0,
+    duration_s: float = 10.0,
+    max_requests: int | None = None,
+    seed: int = 0,
+    payload: bytes | None = None,
+    content_type: str = "application/octet-stream",
+    method: str = "POST",
+    max_inflight: int = 64,
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """Run the schedule against ``url`` and return the report."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"url: expected http://HOST[:PORT]/PATH, got {url!r}")
+    host, port = parts.hostname, parts.port or 80
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    body = default_payload(seed) if payload is None and method == "POST" else payload
+    arrivals = poisson_arrivals(rates, interval_s, duration_s, seed, max_requests)
+
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    done_at: list[float] = []
+    late = [0]
+    work: queue.Queue[float | None] = queue.Queue()
+
+    def send(due: float, t0: float) -> None:
+        try:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+            try:
+                headers = {"Content-Type": content_type} if body is not None else {}
+                conn.request(method, target, body=body, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                status = resp.status
+            finally:
+                conn.close()
+            now = time.perf_counter()
+            with lock:
+                if 200 <= status < 300:
+                    latencies.append(now - (t0 + due))
+                    done_at.append(now - t0)
+                else:
+                    errors[str(status)] = errors.get(str(status), 0) + 1
+        except (OSError, http.client.HTTPException) as e:
+            with lock:
+                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+
+    t0 = time.perf_counter()
+
+    def sender() -> None:
+        while True:
+            due = work.get()
+            if due is None:
+                return
+            if time.perf_counter() - (t0 + due) > 0.01:
+                with lock:
+                    late[0] += 1
+            send(due, t0)
+
+    pool = [threading.Thread(target=sender, daemon=True) for _ in range(max(1, min(max_inflight, len(arrivals))))]
+    for th in pool:
+        th.start()
+    try:
+        for due in arrivals:  # the dispatcher: release each request at its arrival time
+            wait = t0 + due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            work.put(due)
+    finally:
+        for _ in pool:
+            work.put(None)
+        for th in pool:
+            th.join(timeout=timeout_s + 5.0)
+    window = max(duration_s if max_requests is None or len(arrivals) < max_requests else arrivals[-1], 1e-9)
+    lat = sorted(latencies)
+    ms = lambda v: None if v is None else round(v * 1e3, 3)  # noqa: E731
+    return {
+        "url": url,
+        "seed": seed,
+        "target_rate": round(sum(rates) / len(rates), 3) if len(rates) > 1 else rates[0],
+        "duration_s": round(window, 3),
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "sent": len(arrivals),
+        "ok": len(lat),
+        "errors": errors,
+        "late_dispatches": late[0],
+        "offered_rate": round(len(arrivals) / window, 3),
+        "achieved_rate": round(len(lat) / window, 3),
+        "latency_ms": {
+            "p50": ms(percentile(lat, 50)),
+            "p95": ms(percentile(lat, 95)),
+            "p99": ms(percentile(lat, 99)),
+            "mean": ms(sum(lat) / len(lat)) if lat else None,
+            "max": ms(lat[-1]) if lat else None,
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reamer.workloads.real.loadgen", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", required=True, help="the only URL contacted, e.g. http://127.0.0.1:8080/infer")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--rate", type=float, help="requests per second for the whole run")
+    g.add_argument("--rates", help="comma-separated rates, one per --interval seconds (a trace)")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds each --rates entry covers")
+    ap.add_argument("--duration", type=float, default=None, help="seconds (default: the --rates trace length, else 10)")
+    ap.add_argument("--max-requests", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-inflight", type=int, default=64, help="sender threads (requests in flight at most)")
+    ap.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
+    ap.add_argument("--payload-file", default=None, help="request body (default: one random 3x32x32 float32 sample)")
+    ap.add_argument("--content-type", default="application/octet-stream")
+    ap.add_argument("--method", default="POST", choices=["GET", "POST"])
+    a = ap.parse_args(argv)
+    rates = [a.rate] if a.rate is not None else [float(r) for r in a.rates.split(",") if r.strip()]
+    duration = a.duration if a.duration is not None else (len(rates) * a.interval if a.rates else 10.0)
+    payload = open(a.payload_file, "rb").read() if a.payload_file else None  # noqa: SIM115
+    report = run_load(a.url, rates=rates, interval_s=a.interval, duration_s=duration, max_requests=a.max_requests,
+                      seed=a.seed, payload=payload, content_type=a.content_type, method=a.method,
+                      max_inflight=a.max_inflight, timeout_s=a.timeout)
+    print(json.dumps(report), flush=True)
+    return 0 if report["ok"] > 0 or report["sent"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

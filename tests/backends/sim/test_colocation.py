@@ -1,0 +1,116 @@
+"""Inference services harvested from GPU training nodes in the simulator (issue 4, step 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reamer.backends.sim import simulate
+from reamer.config.scenario import parse_scenario
+from reamer.errors import InputError
+
+HEADER = "id,model,arrival_s,ps,workers,ps_cpu,worker_cpu,worker_gpu,duration_s\n"
+GPU_NODE = {"name": "gpu", "count": 1, "cores": 48, "mem_gib": 256, "gpus": 4, "gpu_model": "V100M32"}
+KEYS = ("slo_attainment_pct", "requests_within_slo_pct", "training_slowdown_pct", "harvested_share_pct",
+        "harvested_core_hours", "dedicated_node_hours", "migrations", "evictions", "gpu_node_cpu_util_pct")
+
+
+def scenario(tmp_path, jobs: str, peak: float, horizon: float = 7200, steady: bool = True, **extra):
+    path = tmp_path / "jobs.csv"
+    path.write_text(HEADER + jobs)
+    rate = {"kind": "diurnal", "trough_frac": 1.0, "noise": 0.0} if steady else {"kind": "diurnal"}
+    data = {
+        "name": "colo", "seed": 3, "horizon_s": horizon,
+        "cluster": {"node_pools": [GPU_NODE]},
+        "workload": {"kind": "joblist", "path": str(path)},
+        "inference": {"services": [{"id": "resnet", "model": "resnet50", "slo_p99_ms": 300,
+                                    "peak_rate_per_s": peak, "rate": rate}],
+                      "pool": {"count": 4, "cores": 32}, **extra},
+    }
+    return parse_scenario(data, "test")
+
+
+def test_reamer_keeps_slo_and_stays_in_slack(tmp_path):
+    sc = scenario(tmp_path, "j1,resnet50,0,1,2,1,12,1,100000\n", peak=60, horizon=4 * 3600, steady=False)
+    r = simulate(sc, "static", harvest="reamer")
+    m = r.metrics
+    assert r.policy == "static+reamer"
+    assert all(k in m for k in KEYS)
+    assert m["service_windows"] == 240
+    assert m["slo_attainment_pct"] >= 99.9
+    assert m["over_slack_core_hours"] == 0.0  # never more inference than the node's slack
+    assert m["training_slowdown_pct"] == 0.0
+    assert m["harvested_share_pct"] > 90.0
+
+
+# j2 arrives on the node and needs cores the harvested inference holds
+RISING = "j1,resnet50,0,1,2,1,10,1,100000\nj2,mobilenet_v2,3630,1,1,1,25,1,100000\n"
+
+
+def test_naive_slows_training_when_its_need_rises(tmp_path):
+    sc = scenario(tmp_path, RISING, peak=180)
+    naive = simulate(sc, "static", harvest="naive").metrics
+    reamer = simulate(sc, "static", harvest="reamer").metrics
+    assert naive["training_slowdown_pct"] > 5.0
+    assert naive["over_slack_core_hours"] > 0.0
+    assert reamer["training_slowdown_pct"] < 1.0  # only until the next harvest round
+    assert reamer["migrations"] >= 1  # inference moved away (make-before-break)
+    assert reamer["slo_attainment_pct"] >= 99.9
+
+
+def test_dedicated_leaves_training_untouched(tmp_path):
+    jobs = "j1,resnet50,0,1,2,1,10,1,3000\nj2,mobilenet_v2,600,1,1,1,25,1,2000\n"
+    sc = scenario(tmp_path, jobs, peak=50)
+    alone = simulate(sc.model_copy(update={"inference": None}), "static").metrics
+    ded = simulate(sc, "static", harvest="dedicated").metrics
+    assert "slo_attainment_pct" not in alone
+    for k in ("jobs", "mean_jct_s", "p95_jct_s", "mean_queue_s", "makespan_s", "reconfigurations"):
+        assert ded[k] == alone[k], k
+    assert ded["harvested_core_hours"] == 0.0 and ded["dedicated_node_hours"] > 0
+
+
+def test_deterministic(tmp_path):
+    sc = scenario(tmp_path, RISING, peak=120, steady=False)
+    a = simulate(sc, "static", harvest="usage-reclaim").metrics
+    b = simulate(sc, "static", harvest="usage-reclaim").metrics
+    a.pop("wall_s"), b.pop("wall_s")
+    assert repr(a) == repr(b)  # nan-aware
+
+
+def test_validation_errors():
+    base = {"cluster": {"node_pools": [GPU_NODE]}}
+    svc = {"id": "a", "model": "resnet50", "slo_p99_ms": 100, "peak_rate_per_s": 5}
+    with pytest.raises(InputError, match="inference.services.0.model"):
+        simulate(parse_scenario({**base, "inference": {"services": [{**svc, "model": "nope"}]}}, "t"), "static")
+    with pytest.raises(InputError, match="inference"):
+        parse_scenario({**base, "inference": {"services": []}}, "t")
+    with pytest.raises(InputError, match="unique"):
+        parse_scenario({**base, "inference": {"services": [svc, svc]}}, "t")
+    with pytest.raises(InputError, match="slo_p99_ms"):
+        parse_scenario({**base, "inference": {"services": [{**svc, "slo_p99_ms": 0}]}}, "t")
+    with pytest.raises(InputError, match="rate"):
+        parse_scenario({**base, "inference": {"services": [{**svc, "rate": {"kind": "poisson"}}]}}, "t")
+    with pytest.raises(InputError, match="pool.name"):
+        simulate(parse_scenario({**base, "inference": {"services": [svc], "pool": {"name": "gpu"}}}, "t"), "static")
+    with pytest.raises(InputError, match="harvest policy"):
+        simulate(parse_scenario({**base, "inference": {"services": [svc]}}, "t"), "static", harvest="bogus")
+
+
+def test_genai_rates(shared_data):
+    svc = {"id": "gen", "model": "bert_base", "slo_p99_ms": 800, "peak_rate_per_s": 20,
+           "rate": {"kind": "genai", "path": str(shared_data / "genai_qps.csv")}}
+    sc = parse_scenario({"horizon_s": 3600, "cluster": {"node_pools": [GPU_NODE]},
+                         "workload": {"kind": "synthetic", "jobs": 2, "gpus_per_worker": 1},
+                         "inference": {"services": [svc]}}, "t")
+    m = simulate(sc, "static", harvest="reamer").metrics
+    assert m["service_windows"] == 60 and m["slo_attainment_pct"] >= 99.0
+
+
+def test_drifting_need_reamer_keeps_training_fast(tmp_path):
+    jobs = "j1,resnet50,0,1,4,1,10,1,100000\nj2,mobilenet_v2,0,1,1,1,8,1,100000\n"
+    still = scenario(tmp_path, jobs, peak=150, horizon=3 * 3600)
+    drift = scenario(tmp_path, jobs, peak=150, horizon=3 * 3600, need_variation=0.5)
+    a = simulate(still, "static", harvest="reamer").metrics
+    b = simulate(drift, "static", harvest="reamer").metrics
+    assert a["cpu_util_pct"] != b["cpu_util_pct"]  # the need really moves
+    assert b["training_slowdown_pct"] < 1.0
+    assert b["slo_attainment_pct"] >= 99.9

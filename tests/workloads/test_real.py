@@ -1,0 +1,425 @@
+"""Real workloads (issue 5): PS training over TCP, the ONNX Runtime server, the load generator.
+
+The process tests start real processes on 127.0.0.1 with one thread each (the machine is
+shared) and always terminate them in ``finally``; each checks that no child is left.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reamer.workloads.real import loadgen
+from reamer.workloads.real import ps_training as ps
+from reamer.workloads.real.inference_server import (
+    Batcher,
+    Histogram,
+    Metrics,
+    parse_prometheus,
+    render_histogram,
+)
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+# --------------------------------------------------------------------------- helpers
+def children_of(pid: int) -> list[int]:
+    """Live (non-zombie) processes whose parent is ``pid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+class Proc:
+    """A child process whose stdout lines are collected by a reader thread."""
+
+    def __init__(self, *args: str):
+        env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.all: list[dict] = []
+        self.err: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.lines.put(line)
+
+    def json_lines(self) -> list[dict]:
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                return self.all
+            if line.strip().startswith("{"):
+                self.all.append(json.loads(line))
+
+    def wait_for(self, event: str, timeout_s: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for obj in self.json_lines():
+                if obj.get("event") == event:
+                    return obj
+            if self.p.poll() is not None and self.lines.empty():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {event!r} line from {self.p.args}; stderr: {''.join(self.err)[-2000:]}")
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(5)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
+
+
+@pytest.fixture
+def procs():
+    started: list[Proc] = []
+    before = set(children_of(os.getpid()))
+    try:
+        yield lambda *a: started.append(Proc(*a)) or started[-1]
+    finally:
+        for p in started:
+            p.stop()
+        for p in started:
+            for s in (p.p.stdout, p.p.stderr):
+                s.close()
+        time.sleep(0.05)
+        assert set(children_of(os.getpid())) - before == set(), "child processes left behind"
+
+
+# --------------------------------------------------------------------------- sharding / wire
+def test_shard_assignment_balances_and_covers_every_tensor():
+    numels = [432, 16, 4608, 32, 18432, 64, 640, 10]
+    for shards in (1, 2, 3):
+        a = ps.shard_assignment(numels, shards)
+        assert a == ps.shard_assignment(numels, shards)  # deterministic
+        assert set(a) == set(range(shards))
+        idx = [ps.shard_indices(numels, shards, k) for k in range(shards)]
+        assert sorted(i for part in idx for i in part) == list(range(len(numels)))
+    a = ps.shard_assignment([100, 100, 100, 100], 2)
+    assert sorted(a) == [0, 0, 1, 1]
+    for bad in (0, 9):
+        with pytest.raises(ValueError):
+            ps.shard_assignment(numels, bad)
+
+
+def test_tensors_round_trip_and_sizes_are_checked():
+    a, b = socket.socketpair()
+    ca, cb = ps.Conn(a), ps.Conn(b)
+    try:
+        arrays = [np.arange(6, dtype=np.float32), np.array([1.5], dtype=np.float32)]
+        ca.send_tensors(ps.PUSH, arrays, step=7, worker=3)
+        mtype, step, worker, count = cb.recv_header()
+        assert (mtype, step, worker, count) == (ps.PUSH, 7, 3, 2)
+        got = cb.recv_tensors(count, [6, 1])
+        assert all(np.array_equal(x, y) for x, y in zip(got, arrays, strict=True))
+        assert ca.bytes_sent == cb.bytes_recv > 7 * 4
+        ca.send_tensors(ps.PUSH, arrays)
+        _, _, _, count = cb.recv_header()
+        with pytest.raises(ps.ProtocolError, match="bytes"):
+            cb.recv_tensors(count, [5, 1])  # a size the shard does not hold: rejected before allocating
+    finally:
+        ca.close()
+        cb.close()
+    a, b = socket.socketpair()
+    try:
+        a.sendall(b"NOPE" + bytes(ps.HEADER.size - 4))
+        with pytest.raises(ps.ProtocolError, match="magic"):
+            ps.Conn(b).recv_header()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_parse_addrs():
+    assert ps.parse_addrs("127.0.0.1:5000,10.0.0.2:6000") == [("127.0.0.1", 5000), ("10.0.0.2", 6000)]
+    for bad in ("127.0.0.1", "host:", ":80", "a:b"):
+        with pytest.raises(ValueError):
+            ps.parse_addrs(bad)
+
+
+# --------------------------------------------------------------------------- loadgen
+def test_poisson_arrivals_are_seeded_bounded_and_follow_the_rate():
+    a = loadgen.poisson_arrivals([200.0], 1.0, 50.0, seed=1)
+    assert a == loadgen.poisson_arrivals([200.0], 1.0, 50.0, seed=1)
+    assert a != loadgen.poisson_arrivals([200.0], 1.0, 50.0, seed=2)
+    assert abs(len(a) - 10_000) < 400  # 4 sigma
+    assert a == sorted(a) and 0 < a[0] and a[-1] < 50.0
+    gaps = np.diff(a)
+    assert abs(gaps.mean() - 1 / 200) < 0.0003 and abs(gaps.std() / gaps.mean() - 1) < 0.05  # exponential
+    trace = loadgen.poisson_arrivals([100.0, 0.0, 300.0], 1.0, 3.0, seed=0)
+    assert not [t for t in trace if 1.0 <= t < 2.0]
+    assert 200 < sum(1 for t in trace if t >= 2.0) < 400
+    assert len(loadgen.poisson_arrivals([1000.0], 1.0, 10.0, seed=0, max_requests=25)) == 25
+    with pytest.raises(ValueError):
+        loadgen.poisson_arrivals([-1.0], 1.0, 1.0, seed=0)
+
+
+def test_percentile():
+    assert loadgen.percentile([], 50) is None
+    assert loadgen.percentile([3.0], 99) == 3.0
+    v = [float(i) for i in range(1, 101)]
+    assert loadgen.percentile(v, 50) == pytest.approx(50.5)
+    assert loadgen.percentile(v, 99) == pytest.approx(99.01)
+    assert loadgen.percentile(v, 100) == 100.0
+
+
+class _Echo(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(0.002)
+        body = b"{}"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_loadgen_reports_percentiles_and_rate_against_a_local_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/infer"
+        r = loadgen.run_load(url, rates=[100.0], duration_s=1.0, seed=4, max_inflight=16)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r["sent"] == len(loadgen.poisson_arrivals([100.0], 1.0, 1.0, seed=4))
+    assert r["ok"] == r["sent"] and not r["errors"]
+    lat = r["latency_ms"]
+    assert 2.0 <= lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
+    assert r["achieved_rate"] == pytest.approx(r["sent"] / 1.0)
+    with pytest.raises(ValueError):
+        loadgen.run_load("ftp://127.0.0.1/x", rates=[1.0], duration_s=1.0)
+
+
+# --------------------------------------------------------------------------- metrics / batching
+def test_prometheus_histogram_text():
+    h = Histogram([1, 2, 4])
+    for v in (1, 1, 3, 9):
+        h.observe(v)
+    text = "\n".join(render_histogram("x_batch", "help", h))
+    assert "# TYPE x_batch histogram" in text
+    m = parse_prometheus(text)
+    assert m['x_batch_bucket{le="1"}'] == 2 and m['x_batch_bucket{le="2"}'] == 2
+    assert m['x_batch_bucket{le="4"}'] == 3 and m['x_batch_bucket{le="+Inf"}'] == 4
+    assert m["x_batch_count"] == 4 and m["x_batch_sum"] == 14
+
+
+class _FakeSession:
+    """Stands in for an ONNX Runtime session: doubles its input, takes 20 ms per call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def get_inputs(self):
+        return [type("I", (), {"name": "input"})()]
+
+    def run(self, _, feeds):
+        x = feeds["input"]
+        self.calls.append(len(x))
+        time.sleep(0.02)
+        return [x.reshape(len(x), -1)[:, :2] * 2]
+
+
+def test_batcher_batches_concurrent_requests_and_respects_max_batch():
+    sess, metrics = _FakeSession(), Metrics()
+    b = Batcher(sess, metrics, max_batch=4, max_wait_ms=30)
+    b.start()
+    results = {}
+
+    def one(i):
+        x = np.full((1, 3, 2, 2), float(i), dtype=np.float32)
+        results[i] = b.submit(x, timeout_s=5)
+
+    try:
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        b.stop()
+    assert sorted(results) == list(range(10))
+    for i, p in results.items():
+        assert p.error is None and p.out.tolist() == [[2.0 * i, 2.0 * i]]
+    assert sum(sess.calls) == 10 and max(sess.calls) <= 4 and max(sess.calls) > 1
+    assert metrics.batch.count == len(sess.calls) and metrics.queue_depth == 0
+
+
+def test_exported_onnx_matches_pytorch(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    torch = pytest.importorskip("torch")
+    from reamer.workloads.real.inference_server import export_onnx
+    from reamer.workloads.real.nets import build_model
+
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    for name in ("small_cnn", "resnet_narrow"):
+        path = export_onnx(name, tmp_path / f"{name}.onnx")
+        (got,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})
+        with torch.no_grad():
+            ref = build_model(name).eval()(torch.from_numpy(x)).numpy()
+        assert got.shape == (3, 10) and np.allclose(got, ref, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- real processes
+@pytest.mark.slow
+def test_ps_job_one_ps_two_workers_trains_consistently(procs):
+    pytest.importorskip("torch")
+    mod = "reamer.workloads.real.ps_training"
+    server = procs(mod, "ps", "--port", "0", "--workers", "2", "--model", "small_cnn", "--threads", "1")
+    port = server.wait_for("listening")["port"]
+    workers = [
+        procs(mod, "worker", "--ps", f"127.0.0.1:{port}", "--model", "small_cnn", "--steps", "20",
+              "--worker-id", str(i), "--threads", "1", "--report-every", "5")
+        for i in range(2)
+    ]
+    done = [w.wait_for("done", 90) for w in workers]
+    ps_done = server.wait_for("done", 20)
+    for w in (*workers, server):
+        assert w.p.wait(10) == 0, "".join(w.err)[-2000:]
+    a, b = done
+    assert a["param_checksum"] == b["param_checksum"]  # every worker ends with the same parameters
+    assert a["eval_loss_after"] == b["eval_loss_after"] < a["eval_loss_before"] == b["eval_loss_before"]
+    intervals = [x for x in workers[0].json_lines() if x.get("event") == "interval"]
+    assert len(intervals) == 4
+    for x in intervals:
+        assert x["samples_per_s"] > 0 and x["bytes_sent"] > 0 and x["bytes_recv"] > 0
+        assert x["cpu_cores"] >= 0 and x["threads"] == 1
+        assert x["step_s"] == pytest.approx(x["comm_s"] + x["compute_s"], rel=0.2, abs=0.005)
+    assert ps_done["version"] == 20 and ps_done["applies"] == 20
+    # 2 workers x 20 pushes of the full model (24234 float32) reach the PS
+    assert ps_done["bytes_recv"] >= 2 * 20 * 24234 * 4
+
+
+@pytest.mark.slow
+def test_ps_job_two_shards(procs):
+    pytest.importorskip("torch")
+    mod = "reamer.workloads.real.ps_training"
+    shards = [procs(mod, "ps", "--port", "0", "--shard", str(k), "--shards", "2", "--workers", "1",
+                    "--model", "resnet_narrow", "--threads", "1") for k in range(2)]
+    addrs = ",".join(f"127.0.0.1:{s.wait_for('listening')['port']}" for s in shards)
+    w = procs(mod, "worker", "--ps", addrs, "--model", "resnet_narrow", "--steps", "4", "--threads", "1")
+    done = w.wait_for("done", 90)
+    ends = [s.wait_for("done", 20) for s in shards]
+    assert w.p.wait(10) == 0 and all(s.p.wait(10) == 0 for s in shards)
+    assert [e["version"] for e in ends] == [4, 4]
+    total = sum(e["params"] for e in ends)
+    assert total == 78042 and min(e["params"] for e in ends) > 0.3 * total  # balanced by size
+    assert done["shards"] == 2 and done["samples_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_worker_that_leaves_early_does_not_stall_the_others(procs):
+    pytest.importorskip("torch")
+    mod = "reamer.workloads.real.ps_training"
+    server = procs(mod, "ps", "--port", "0", "--workers", "2", "--threads", "1")
+    port = server.wait_for("listening")["port"]
+    ws = [procs(mod, "worker", "--ps", f"127.0.0.1:{port}", "--steps", str(n), "--worker-id", str(i),
+                "--threads", "1") for i, n in enumerate((3, 8))]
+    assert [w.wait_for("done", 90)["steps"] for w in ws] == [3, 8]
+    end = server.wait_for("done", 20)
+    assert server.p.wait(10) == 0 and all(w.p.wait(10) == 0 for w in ws)
+    assert end["version"] == 8 and 0 <= end["cpu_cores"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM"])  # SIGKILL behaves the same on the PS side
+def test_ps_fails_fast_when_a_worker_dies(procs, sig):
+    """A synchronous step can never complete without the dead worker: the PS must notice
+    the hang-up while waiting, and exit with an error instead of hanging."""
+    pytest.importorskip("torch")
+    import signal
+
+    mod = "reamer.workloads.real.ps_training"
+    server = procs(mod, "ps", "--port", "0", "--workers", "2", "--threads", "1")
+    port = server.wait_for("listening")["port"]
+    w = procs(mod, "worker", "--ps", f"127.0.0.1:{port}", "--steps", "5", "--threads", "1")
+    w.wait_for("connected")
+    time.sleep(0.5)  # it pushes step 0, then waits for the worker that never comes
+    w.p.send_signal(getattr(signal, sig))
+    assert w.p.wait(10) != 0
+    assert server.p.wait(10) == 1
+    assert server.wait_for("done", 5)["version"] == 0
+
+
+@pytest.mark.slow
+def test_inference_server_batches_under_load_and_loadgen_reports_p99(procs):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("torch")
+    srv = procs("reamer.workloads.real.inference_server", "--port", "0", "--model", "small_cnn",
+                "--max-batch", "8", "--max-wait-ms", "20", "--threads", "1")
+    port = srv.wait_for("listening")["port"]
+    base = f"http://127.0.0.1:{port}"
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype("<f4")
+    conn.request("POST", "/infer", body=x.tobytes(), headers={"Content-Type": "application/octet-stream"})
+    r = conn.getresponse()
+    body = json.loads(r.read())
+    assert r.status == 200 and len(body["outputs"]) == 2 and len(body["outputs"][0]) == 10
+    conn.request("POST", "/infer", body=json.dumps({"inputs": [x[0].ravel().tolist()]}),
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    one = json.loads(r.read())
+    assert r.status == 200 and np.allclose(one["outputs"][0], body["outputs"][0], atol=1e-4)
+    conn.request("POST", "/infer", body=b"\x00" * 12, headers={"Content-Type": "application/octet-stream"})
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 400
+    conn.close()
+
+    report = loadgen.run_load(base + "/infer", rates=[150.0], duration_s=1.5, seed=7, max_inflight=32)
+    assert report["ok"] == report["sent"] > 100 and not report["errors"]
+    assert report["latency_ms"]["p99"] is not None and report["latency_ms"]["p99"] >= report["latency_ms"]["p50"]
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    r = conn.getresponse()
+    text = r.read().decode()
+    conn.close()
+    assert r.status == 200 and "# TYPE reamer_infer_batch_size histogram" in text
+    m = parse_prometheus(text)
+    assert m['reamer_infer_requests_total{code="200"}'] == report["ok"] + 2
+    assert m['reamer_infer_requests_total{code="400"}'] == 1
+    assert m["reamer_infer_request_latency_seconds_count"] == report["ok"] + 2
+    n_batches = m["reamer_infer_batch_size_count"]
+    assert m["reamer_infer_batch_size_sum"] == report["ok"] + 3  # samples
+    assert m["reamer_infer_batch_size_sum"] / n_batches > 1.0  # dynamic batching happened
+    assert m['reamer_infer_batch_size_bucket{le="1"}'] < n_batches  # some batch had > 1 sample
+    assert m['reamer_infer_batch_size_bucket{le="8"}'] == n_batches  # never above --max-batch
+    assert m["reamer_infer_threads"] == 1
