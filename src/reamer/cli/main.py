@@ -14,10 +14,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from reamer.backends.sim import RunResult, simulate
-from reamer.config.scenario import Scenario, load_scenario
+from reamer.config.scenario import Scenario, load_embedded, load_scenario
 from reamer.errors import InputError
 from reamer.models.training import Calibration, load_calibration
 from reamer.policies import make_policy, policy_names
+from reamer.policies.harvest_baselines import HARVEST_POLICIES
 from reamer.reports.html import write_report
 from reamer.reports.results import document, run_entry, write_json
 
@@ -34,6 +35,11 @@ TABLE_KEYS = [("jobs", "jobs", "{:.0f}"), ("mean_jct_s", "mean JCT (h)", "h"), (
               ("mean_queue_s", "mean queue (min)", "m"), ("makespan_s", "makespan (h)", "h"),
               ("cpu_util_pct", "CPU used %", "{:.1f}"), ("gpu_util_pct", "GPU used %", "{:.1f}"),
               ("reconfigurations", "reconfigs", "{:.0f}"), ("wall_s", "wall (s)", "{:.1f}")]
+
+
+COLO_KEYS = [("slo_attainment_pct", "SLO met % (service-min)"), ("training_slowdown_pct", "training slowdown %"),
+             ("harvested_share_pct", "harvested %"), ("dedicated_node_hours", "pool node-h"),
+             ("migrations", "migrations"), ("evictions", "evictions"), ("gpu_node_cpu_util_pct", "GPU-node CPU %")]
 
 
 def _fail(err: InputError) -> None:
@@ -126,10 +132,22 @@ def demo(
         sc = load_scenario(None)
         results = run_policies(sc, policy_names(), load_calibration(), track=6)
     _out().print(_table(results, f"Reamer demo: {sc.name} scenario (simulated, seed {sc.seed})"))
+    colo = load_embedded("colocation")
+    colo_results = [simulate(colo, "static", harvest=h) for h in HARVEST_POLICIES]
+    rows = [{"policy": r.policy, **{label: r.metrics[key] for key, label in COLO_KEYS}} for r in colo_results]
+    t = Table(title=f"Reamer demo: inference on the spare CPU of GPU training nodes ({colo.name}, simulated)")
+    for col in rows[0]:
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for row in rows:
+        t.add_row(*(v if isinstance(v, str) else f"{v:.2f}" for v in row.values()))
+    _out().print(t)
     if json_out:
-        write_json(json_out, document("demo", [run_entry(r.scenario, r.seed, r.policy, r.metrics) for r in results]))
+        write_json(json_out, document("demo", [run_entry(r.scenario, r.seed, r.policy, r.metrics)
+                                               for r in (*results, *colo_results)]))
     write_report(report, f"Reamer demo: {sc.name}", results)
-    _out().print(f"HTML report: {report.resolve()}")
+    colo_report = report.with_name(f"{report.stem}-colocation{report.suffix}")
+    write_report(colo_report, f"Reamer demo: {colo.name}", colo_results, table=rows)
+    _out().print(f"HTML reports: {report.resolve()}, {colo_report.resolve()}")
 
 
 if __name__ == "__main__":  # pragma: no cover

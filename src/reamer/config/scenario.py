@@ -233,11 +233,16 @@ def _resolve_paths(sc: Scenario, base: Path) -> Scenario:
     return sc.model_copy(update={"cluster": cluster, "workload": wl, "inference": inf})
 
 
+def load_embedded(name: str) -> Scenario:
+    """A scenario shipped inside the package (``default``, ``colocation``)."""
+    text = resources.files("reamer.data").joinpath(f"{name}.yaml").read_text()
+    return parse_scenario(yaml.safe_load(text), f"{name}.yaml")
+
+
 def load_scenario(path: str | Path | None) -> Scenario:
     """Load a scenario file, or the embedded default when ``path`` is None."""
     if path is None:
-        text = resources.files("reamer.data").joinpath("default.yaml").read_text()
-        return parse_scenario(yaml.safe_load(text), "default.yaml")
+        return load_embedded("default")
     p = Path(path)
     if not p.is_file():
         raise InputError(str(p), "file", "an existing scenario YAML file")
