@@ -54,6 +54,9 @@ def figures(results: Sequence) -> list[go.Figure]:
     ts.update_xaxes(title_text="time (hours)", row=3, col=1)
     figs.append(ts)
 
+    colo = [r for r in results if getattr(r, "inference_series", None)]
+    if colo:
+        figs += colocation_figures(colo)
     tracked = [r for r in results if r.timelines]
     if tracked:
         jobs = sorted({j for r in tracked for j in r.timelines})[:6]
@@ -97,3 +100,34 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:,.2f}"
     return html.escape(str(v))
+
+
+def colocation_figures(results: Sequence) -> list[go.Figure]:
+    """GPU training nodes' CPU stacked (training use, training unused, inference, idle) per
+    run, and each service's per-window p99 against its SLO."""
+    figs = []
+    stack = make_subplots(rows=len(results), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                          subplot_titles=[f"{r.policy}: CPU of GPU training nodes (cores)" for r in results])
+    layers = (("training_used_cores", "training use", "#1f77b4"), ("training_unused_cores", "training unused", "#aec7e8"),
+              ("harvested_cores", "inference (harvested)", "#2ca02c"), ("idle_cores", "idle", "#dddddd"))
+    for row, r in enumerate(results, start=1):
+        s = r.inference_series
+        t = [x / 3600.0 for x in s["t"]]
+        for key, label, color in layers:
+            x, y = _thin(t, s.get(key, [0.0] * len(t)))
+            stack.add_scatter(x=x, y=y, name=label, legendgroup=label, showlegend=row == 1, stackgroup=f"s{row}",
+                              mode="lines", line={"width": 0.5, "color": color}, row=row, col=1)
+    stack.update_layout(title="Where the GPU nodes' CPU goes", height=260 * len(results))
+    stack.update_xaxes(title_text="time (hours)", row=len(results), col=1)
+    figs.append(stack)
+    lat = go.Figure()
+    for k, r in enumerate(results):
+        s = r.inference_series
+        t = [x / 3600.0 for x in s["t"]]
+        for key in (key for key in s if key.startswith("p99_ms:")):
+            x, y = _thin(t, s[key])
+            lat.add_scatter(x=x, y=y, mode="lines", name=f"{r.policy} {key[7:]}", line={"color": _color(k)})
+    lat.update_layout(title="Per-service p99 latency per window (ms); SLOs in the table", yaxis_type="log",
+                      xaxis_title="time (hours)")
+    figs.append(lat)
+    return figs

@@ -198,7 +198,14 @@ class SimInference:
         self.totals = InferenceTotals()
         self.use_hist: dict[str, deque[float]] = {n.name: deque() for n in self.train_nodes}
         self.need_log: dict[str, float] = {}  # job id -> AR(1) state of its need variation
-        self.series: dict[str, list[float]] = {"t": [], "harvested_cores": [], "pool_cores": [], "slo_ok_pct": []}
+        self.series: dict[str, list[float]] = {
+            "t": [], "harvested_cores": [], "pool_cores": [], "slo_ok_pct": [],
+            # GPU training nodes' cores, stacked: training use, training allocation left
+            # unused, inference, idle (for the report)
+            "training_used_cores": [], "training_unused_cores": [], "idle_cores": [],
+        }
+        for sid in self.services:
+            self.series[f"p99_ms:{sid}"] = []
 
     # ------------------------------------------------------------------ helpers
     def window(self, now: float) -> int:
@@ -368,6 +375,7 @@ class SimInference:
             t.requests += rate * dt
             t.requests_ok += rate * dt * (1.0 - min(1.0, miss))
             s.last_p99 = p99
+            self.series[f"p99_ms:{s.id}"].append(1000.0 * p99 if p99 is not None and math.isfinite(p99) else math.nan)
             s.observed.append(float(self.rng.poisson(rate * dt)) / dt)
         inf = self.inference_cores()
         harvested = sum(v for k, v in inf.items() if k in self.train_names)
@@ -375,8 +383,12 @@ class SimInference:
         t.harvested_core_s += harvested * dt
         t.pool_core_s += pool * dt
         t.pool_node_s += sum(1 for k, v in inf.items() if k not in self.train_names and v > 0) * dt
+        used_sum = alloc_sum = cores_sum = 0.0
         for n in self.train_nodes:
             train = load[n.name] * n.cores
+            used_sum += train
+            alloc_sum += sum(x.res.cpu for x in self.cluster.containers_on(n.name))
+            cores_sum += n.cores
             t.gpu_node_used_core_s += (train + busy.get(n.name, 0.0)) * dt
             t.gpu_node_core_s += n.cores * dt
             slack = n.cores - sec.system_reserve_cores - self._training(n.name, False)
@@ -385,6 +397,11 @@ class SimInference:
         self.series["harvested_cores"].append(harvested)
         self.series["pool_cores"].append(pool)
         self.series["slo_ok_pct"].append(100.0 * ok_now / max(1, len(self.services)))
+        rest = max(0.0, cores_sum - used_sum - harvested)  # stacks to the nodes' cores
+        unused = min(rest, max(0.0, alloc_sum - used_sum))
+        self.series["training_used_cores"].append(used_sum)
+        self.series["training_unused_cores"].append(unused)
+        self.series["idle_cores"].append(rest - unused)
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:
