@@ -50,7 +50,7 @@ from reamer.reports.results import document, run_entry, write_json  # noqa: E402
 from reamer.workloads.build import request_speed  # noqa: E402
 
 sys.path.append(str(_HERE))
-from _common import OPENB_NODES, OPENB_PODS  # noqa: E402
+from _common import OPENB_NODES, OPENB_PODS, write_results_section  # noqa: E402
 
 GIB = 1024.0
 SERVICES = [  # id, model, p99 SLO (ms)
@@ -188,6 +188,7 @@ def main() -> int:
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--loads", type=float, nargs="+", default=[0.25, 0.5],
                     help="peak loads (× unrequested GPU-node cores at 70%% packing)")
+    ap.add_argument("--no-docs", action="store_true", help="do not rewrite the Cloud Reamer table in docs/results.md")
     ap.add_argument("--need-variation", type=float, default=0.3,
                     help="log-sd of each job's per-window input-pipeline cost drift (assumption, not measured)")
     a = ap.parse_args()
@@ -223,6 +224,8 @@ def main() -> int:
                 ratios[f"{key}_{k[:-4]}_min_pct"] = min(vals)
                 ratios[f"{key}_{k[:-4]}_max_pct"] = max(vals)
     write_json(a.json_out, document("reamer", runs, ratios))
+    if not a.no_docs:
+        write_docs(runs, seeds, a.quick)
     print(f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {a.json_out}")
     hdr = f"{'policy':16} {'pack':>4} {'load':>5} " + " ".join(f"{k[:12]:>12}" for k in KEYS[:10])
     print(hdr)
@@ -231,6 +234,26 @@ def main() -> int:
         vals = " ".join(f"{(m[k] if m[k] is not None else float('nan')):12.2f}" for k in KEYS[:10])
         print(f"{r['policy']:16} {r['params']['packing_pct']:>4} {r['params']['peak_load']:>5} {vals}  s{r['seed']}")
     return 0
+
+
+def write_docs(runs: list[dict], seeds: list[int], quick: bool) -> None:
+    cols = [("slo_attainment_pct", "SLO met % of service-minutes"), ("training_slowdown_pct", "training slowdown %"),
+            ("harvested_share_pct", "harvested %"), ("dedicated_node_hours", "pool node-hours")]
+    lines = ["## Cloud Reamer (first version)", "",
+             f"Seeds {', '.join(map(str, seeds))}, min–max over seeds; {'--quick: 12 GPU nodes, 6 h' if quick else '24 GPU nodes, 12 h'}."
+             " Regenerate: `python bench/reamer.py --json bench-reamer.json" + (" --quick`." if quick else "`."), "",
+             "| policy | packing % | peak load | " + " | ".join(c for _, c in cols) + " |",
+             "|---|---|---|" + "---|" * len(cols)]
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["params"]["packing_pct"], r["params"]["peak_load"], r["policy"]), []).append(r["metrics"])
+    for (packing, load, name), ms in sorted(groups.items()):
+        cells = []
+        for key, _ in cols:
+            vals = [m[key] for m in ms if m.get(key) is not None]
+            cells.append(f"{min(vals):.2f}–{max(vals):.2f}" if vals else "n/a")
+        lines.append(f"| {name} | {packing} | {load} | " + " | ".join(cells) + " |")
+    write_results_section("Cloud Reamer", lines)
 
 
 if __name__ == "__main__":
