@@ -9,10 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from reamer.errors import InputError
 from reamer.policies.nearchus import Nearchus, NearchusConfig
+from reamer.policies.options import parse_options
 from reamer.policies.optimus import Optimus, OptimusConfig
 from reamer.policies.static import Static, StaticConfig
 
@@ -37,10 +38,4 @@ def make_policy(name: str, options: dict[str, Any] | None = None, rng: np.random
     if name not in _REGISTRY:
         raise InputError(source, "policy", f"one of {', '.join(_REGISTRY)}", name)
     config_model, factory = _REGISTRY[name]
-    try:
-        cfg = config_model.model_validate(options or {})
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        raise InputError(source, f"policy.options.{name}.{where}", err["msg"].lower()) from None
-    return factory(cfg, rng or np.random.default_rng(0), interval_s)
+    return factory(parse_options(config_model, options, name, source), rng or np.random.default_rng(0), interval_s)

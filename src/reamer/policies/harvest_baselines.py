@@ -27,6 +27,7 @@ from reamer.domain.cluster import Node
 from reamer.domain.inference import NodeUsage, Replica
 from reamer.models.inference import InferenceProfile, max_throughput_per_s
 from reamer.policies.harvest import EPS, HarvestConfig, HarvestPolicy, Reamer, ReamerConfig, _Rep, _Round
+from reamer.policies.options import parse_options
 
 
 class DedicatedConfig(HarvestConfig):
@@ -182,6 +183,7 @@ HARVEST_POLICIES: dict[str, tuple[type[BaseModel], type[HarvestPolicy]]] = {
 
 
 def make_harvest_policy(name: str, options: dict | None = None, interval_s: float | None = 60.0,
-                        profiles: Mapping[str, InferenceProfile] | None = None) -> HarvestPolicy:
+                        profiles: Mapping[str, InferenceProfile] | None = None,
+                        source: str = "policy.options") -> HarvestPolicy:
     config_model, cls = HARVEST_POLICIES[name]
-    return cls(config_model.model_validate(options or {}), interval_s, profiles)  # type: ignore[arg-type]
+    return cls(parse_options(config_model, options, name, source), interval_s, profiles)  # type: ignore[arg-type]

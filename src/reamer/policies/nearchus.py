@@ -294,7 +294,7 @@ class Nearchus:
             st.failures[ch.kind] = st.failures.get(ch.kind, 0) + 1
             st.blocked[ch.kind] = now + self.cfg.block_s * 2 ** (st.failures[ch.kind] - 1)
         if ch.kind.startswith("up"):
-            st.vertical_eff = None if ch.kind == "trim" else 0.0
+            st.vertical_eff = 0.0  # vertical scaling stopped paying: outscale next
         self._reset(st, now)
         return decisions
 
@@ -357,7 +357,7 @@ class Nearchus:
                 back.setdefault(c.node, []).append((ch.gain_per_core, jid, ch))
                 gives[c.node] = gives.get(c.node, 0.0) + r
         best: tuple[float, str] | None = None
-        for node, items in back.items():
+        for node in back:
             i = free.index[node]
             missing = np.maximum(want - free.free[i], 0.0)
             if (missing > gives[node] + 1e-9).any():

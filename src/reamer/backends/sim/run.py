@@ -16,6 +16,7 @@ from reamer.backends.sim.inference import SimInference
 from reamer.config.scenario import Scenario
 from reamer.control import HarvestPolicy, Policy, control_round, harvest_round
 from reamer.domain import JobState, TrainingJob
+from reamer.errors import InputError
 from reamer.models.training import Calibration, load_calibration
 from reamer.policies import make_policy
 from reamer.policies.harvest_baselines import HARVEST_POLICIES, make_harvest_policy
@@ -177,10 +178,6 @@ def simulate(
 
 
 def _harvest_policy(sc: Scenario, harvest: str | HarvestPolicy | None) -> HarvestPolicy:
-    from pydantic import ValidationError
-
-    from reamer.errors import InputError
-
     assert sc.inference is not None
     if harvest is None:
         harvest = "reamer"
@@ -188,12 +185,7 @@ def _harvest_policy(sc: Scenario, harvest: str | HarvestPolicy | None) -> Harves
         return harvest
     if harvest not in HARVEST_POLICIES:
         raise InputError(sc.source, "harvest policy", f"one of {', '.join(HARVEST_POLICIES)}", harvest)
-    try:
-        return make_harvest_policy(harvest, sc.policy.options.get(harvest), sc.inference.interval_s)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        raise InputError(sc.source, f"policy.options.{harvest}.{where}", err["msg"].lower()) from None
+    return make_harvest_policy(harvest, sc.policy.options.get(harvest), sc.inference.interval_s, source=sc.source)
 
 
 def _record(series: dict[str, list[float]], c: SimCluster, now: float) -> None:
