@@ -344,6 +344,38 @@ def test_ps_job_two_shards(procs):
 
 
 @pytest.mark.slow
+def test_resharding_through_a_checkpoint_continues_the_same_training(procs, tmp_path):
+    """SIGTERM → the worker leaves after its step, the PS checkpoints; a job restarted with
+    2 shards resumes at that step and ends with exactly the parameters of a run never
+    interrupted (synchronous SGD, same batches per step, one thread)."""
+    pytest.importorskip("torch")
+    mod = "reamer.workloads.real.ps_training"
+    steps, common = "150", ("--model", "small_cnn", "--threads", "1")
+
+    def job(shards: int, *ps_args: str, stop_after_interval: bool = False) -> dict:
+        servers = [procs(mod, "ps", "--port", "0", "--shard", str(k), "--shards", str(shards), *common, *ps_args)
+                   for k in range(shards)]
+        addrs = ",".join(f"127.0.0.1:{s.wait_for('listening')['port']}" for s in servers)
+        w = procs(mod, "worker", "--ps", addrs, "--steps", steps, "--report-every", "5", *common)
+        if stop_after_interval:
+            w.wait_for("interval", 60)
+            w.p.terminate()
+            end = w.wait_for("stopped", 60)
+        else:
+            end = w.wait_for("done", 120)
+        assert w.p.wait(10) == 0 and all(s.p.wait(10) == 0 for s in servers)
+        return end
+
+    straight = job(1)
+    ckpt = str(tmp_path / "ckpt")
+    first = job(1, "--checkpoint", ckpt, stop_after_interval=True)
+    assert 5 <= first["step"] < 150
+    resumed = job(2, "--resume", ckpt)
+    assert resumed["start_step"] == first["step"] and resumed["steps"] == 150 - first["step"]
+    assert resumed["param_checksum"] == straight["param_checksum"]
+
+
+@pytest.mark.slow
 def test_a_worker_that_leaves_early_does_not_stall_the_others(procs):
     pytest.importorskip("torch")
     mod = "reamer.workloads.real.ps_training"
@@ -358,7 +390,7 @@ def test_a_worker_that_leaves_early_does_not_stall_the_others(procs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["SIGTERM"])  # SIGKILL behaves the same on the PS side
+@pytest.mark.parametrize("sig", ["SIGKILL"])  # SIGTERM is a clean leave (BYE) after the current step
 def test_ps_fails_fast_when_a_worker_dies(procs, sig):
     """A synchronous step can never complete without the dead worker: the PS must notice
     the hang-up while waiting, and exit with an error instead of hanging."""

@@ -215,6 +215,8 @@ class ParameterServer:
         port: int = 0,
         report_every: int = 10,
         serve_forever: bool = False,
+        checkpoint: str | None = None,
+        resume: str | None = None,
     ):
         from reamer.workloads.real.nets import build_model
 
@@ -231,6 +233,9 @@ class ParameterServer:
         self.grad_sum = [np.zeros_like(p) for p in self.params]
         self.lr = lr
         self.version = 0  # number of SGD steps applied
+        self.checkpoint = checkpoint
+        if resume:
+            self.version = self._resume(resume)
         self.pushed: set[int] = set()
         self.cond = threading.Condition()
         self.failed: str | None = None
@@ -245,6 +250,44 @@ class ParameterServer:
         self.conns: list[Conn] = []
         self.sock = socket.create_server((host, port), backlog=64)
         self.port = self.sock.getsockname()[1]
+
+    # ---- checkpoint (re-sharding: a job restarted with another number of shards resumes)
+    def _resume(self, directory: str) -> int:
+        """Load this shard's tensors from the checkpoint files of any earlier shard layout
+        (each file holds tensors by their index in the model). Returns the step to resume at:
+        the lowest step among the files (a shard stopped mid-step may be one step ahead)."""
+        from pathlib import Path
+
+        files = sorted(Path(directory).glob("shard-*.npz"))
+        if not files:
+            raise ValueError(f"--resume {directory}: expected shard-*.npz checkpoint files, found none")
+        tensors: dict[int, np.ndarray] = {}
+        versions = []
+        for f in files:
+            with np.load(f) as z:
+                versions.append(int(z["version"]))
+                for k in z.files:
+                    if k.startswith("t"):
+                        tensors[int(k[1:])] = z[k]
+        for j, i in enumerate(self.indices):
+            a = tensors.get(i)
+            if a is None or a.size != self.numels[j]:
+                raise ValueError(f"--resume {directory}: tensor {i} missing or of the wrong size")
+            self.params[j] = a.astype(F32).ravel().copy()
+        return min(versions)
+
+    def _save(self) -> None:
+        """Write this shard's tensors (by model index) and step atomically."""
+        from pathlib import Path
+
+        d = Path(self.checkpoint)  # type: ignore[arg-type]
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".shard-{self.shard}.tmp.npz"
+        with self.cond:
+            arrays = {f"t{i}": p.copy() for i, p in zip(self.indices, self.params, strict=True)}
+            version = self.version
+        np.savez(tmp, version=np.int64(version), **arrays)
+        os.replace(tmp, d / f"shard-{self.shard}.npz")
 
     # ---- state machine
     def _wait_version(self, step: int, conn: Conn) -> None:
@@ -400,6 +443,8 @@ class ParameterServer:
                 self.cond.notify_all()
             for t in threads:
                 t.join(timeout=2.0)
+            if self.checkpoint:
+                self._save()
             self._report("done")
         return 1 if self.failed else 0
 
@@ -452,6 +497,7 @@ class Worker:
         self.shard_idx = [shard_indices(numels, len(ps), k) for k in range(len(ps))]
         self.shard_numels = [[numels[i] for i in idx] for idx in self.shard_idx]
         self.conns: list[Conn] = []
+        versions: list[int] = []
         try:
             for k, addr in enumerate(ps):
                 c = Conn(connect(addr, connect_timeout_s))
@@ -463,6 +509,10 @@ class Worker:
                     raise ProtocolError(f"PS {addr} refused: {reply.get('error')}")
                 if reply.get("indices") != self.shard_idx[k] or reply.get("shards") != len(ps):
                     raise ProtocolError(f"PS {addr} holds a different shard layout: {reply}")
+                versions.append(int(reply.get("version", 0)))
+            if len(set(versions)) > 1:
+                raise ProtocolError(f"PS shards are at different steps {versions}")
+            self.start_step = versions[0]  # > 0 when the job resumed from a checkpoint
             self.pool = ThreadPoolExecutor(max_workers=len(ps))
         except BaseException:
             self.close()
@@ -530,9 +580,12 @@ class Worker:
         return float(sum(float(p.detach().double().sum()) for p in self.params))
 
     def train(
-        self, steps: int, report_every: int = 10, report_every_s: float = 0.0, poll: Any = None
+        self, steps: int, report_every: int = 10, report_every_s: float = 0.0, poll: Any = None,
+        stop: Any = None,
     ) -> dict[str, Any]:
-        """``poll``: called between steps, e.g. ``QuotaWatcher.poll`` (re-tunes threads)."""
+        """Run until the job's global step reaches ``steps`` (it starts at :attr:`start_step`).
+        ``poll``: called between steps, e.g. ``QuotaWatcher.poll`` (re-tunes threads);
+        ``stop``: called between steps, True = leave cleanly now (BYE; the PS checkpoints)."""
         import torch
         from reamer.workloads.real.nets import synthetic_batch
 
@@ -540,7 +593,8 @@ class Worker:
         pool_batches = [
             synthetic_batch(self.batch, seed=self.seed * 1_000_003 + self.worker_id * 1009 + i) for i in range(16)
         ]
-        self.pull(0)
+        start = self.start_step
+        self.pull(start)
         loss0 = self.eval_loss()
         t_start = time.perf_counter()
         cpu_start = time.process_time()
@@ -548,11 +602,14 @@ class Worker:
         win["sent"], win["recv"] = self.bytes()
         tot_comm = tot_compute = 0.0
         loss = float("nan")
-        for step in range(steps):
+        step = last = start
+        for step in range(start, steps):
+            if stop is not None and stop():
+                break
             if poll is not None:
                 poll()
             t0 = time.perf_counter()
-            if step > 0:
+            if step > start:
                 self.pull(step)
             t1 = time.perf_counter()
             x, y = pool_batches[step % len(pool_batches)]
@@ -569,11 +626,12 @@ class Worker:
             tot_comm += comm
             tot_compute += compute
             win["steps"] += 1
+            last = step + 1
             now = time.perf_counter()
             due = (report_every and win["steps"] >= report_every) or (
                 report_every_s and now - win["t"] >= report_every_s
             )
-            if due or step == steps - 1:
+            if (due or step == steps - 1) and win["steps"]:
                 sent, recv = self.bytes()
                 dt = now - win["t"]
                 n = win["steps"]
@@ -597,20 +655,25 @@ class Worker:
                 win = {"steps": 0, "t": now, "comm": 0.0, "compute": 0.0, "sent": sent, "recv": recv,
                        "cpu": time.process_time()}
         elapsed = time.perf_counter() - t_start
-        self.pull(steps)  # the parameters after the last step (identical on every worker)
+        done = last - start
+        stopped = last < steps
+        if not stopped:
+            self.pull(steps)  # the parameters after the last step (identical on every worker)
         sent, recv = self.bytes()
         summary = {
             "role": "worker",
-            "event": "done",
+            "event": "stopped" if stopped else "done",
             "worker": self.worker_id,
             "model": self.model_name,
-            "steps": steps,
+            "start_step": start,
+            "step": last,
+            "steps": done,
             "batch": self.batch,
             "shards": len(self.conns),
             "elapsed_s": round(elapsed, 6),
-            "samples_per_s": round(steps * self.batch / elapsed, 3) if elapsed > 0 else None,
-            "comm_s": round(tot_comm / max(1, steps), 6),
-            "compute_s": round(tot_compute / max(1, steps), 6),
+            "samples_per_s": round(done * self.batch / elapsed, 3) if elapsed > 0 else None,
+            "comm_s": round(tot_comm / max(1, done), 6),
+            "compute_s": round(tot_compute / max(1, done), 6),
             "cpu_cores": round((time.process_time() - cpu_start) / elapsed, 3) if elapsed > 0 else None,
             "bytes_sent": sent,
             "bytes_recv": recv,
@@ -639,9 +702,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--report-every", type=int, default=10, help="telemetry every N applied steps")
     p.add_argument("--serve-forever", action="store_true", help="do not exit when all workers are done")
+    p.add_argument("--checkpoint", default=None, help="directory: write this shard's tensors and step on exit")
+    p.add_argument("--resume", default=None,
+                   help="directory of shard-*.npz from a previous run (any shard count): start from it")
     w = sub.add_parser("worker", help="one data-parallel worker")
     w.add_argument("--ps", required=True, help="HOST:PORT[,HOST:PORT...]; the i-th is shard i")
-    w.add_argument("--steps", type=int, default=100)
+    w.add_argument("--steps", type=int, default=100, help="the global step to stop at (a resumed job starts at the PS step)")
     w.add_argument("--batch", type=int, default=32)
     w.add_argument("--worker-id", type=int, default=0)
     w.add_argument("--report-every", type=int, default=10, help="telemetry every N steps (0 = off)")
@@ -658,7 +724,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if a.role == "ps":
         server = ParameterServer(a.model, a.shard, a.shards, a.workers, lr=a.lr, seed=a.seed, host=a.host,
-                                 port=a.port, report_every=a.report_every, serve_forever=a.serve_forever)
+                                 port=a.port, report_every=a.report_every, serve_forever=a.serve_forever,
+                                 checkpoint=a.checkpoint, resume=a.resume)
 
         def on_term(signum: int, frame: Any) -> None:
             server.stop.set()
@@ -672,8 +739,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
 
     def on_term_worker(signum: int, frame: Any) -> None:
+        """First SIGTERM: finish the current step and leave cleanly (the PS checkpoints);
+        a second one: leave now."""
+        if stop["flag"]:
+            raise KeyboardInterrupt
         stop["flag"] = True
-        raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term_worker)
     emit({"role": "worker", "event": "threads", "worker": a.worker_id, "cores": cores, "intra": intra, "inter": inter})
@@ -688,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         watcher.threads = intra  # already applied at start-up
         poll = watcher.poll
     try:
-        worker.train(a.steps, a.report_every, a.report_every_s, poll)
+        worker.train(a.steps, a.report_every, a.report_every_s, poll, stop=lambda: stop["flag"])
         return 0
     except KeyboardInterrupt:
         return 130
