@@ -48,13 +48,14 @@ class HarvestBackend(Protocol):
 class Round:
     now: float
     decisions: tuple[Decision, ...] | tuple[HarvestDecision, ...]
+    snapshot: ClusterSnapshot | HarvestSnapshot | None = None  # what the policy saw
 
 
 def control_round(backend: Backend, policy: Policy, now: float) -> Round:
     snapshot = backend.observe(now)  # observe
     decisions = tuple(policy.decide(snapshot))  # decide
     backend.actuate(decisions, now)  # actuate
-    return Round(now, decisions)
+    return Round(now, decisions, snapshot)
 
 
 def harvest_round(backend: HarvestBackend, policy: HarvestPolicy, now: float) -> Round:
@@ -62,4 +63,4 @@ def harvest_round(backend: HarvestBackend, policy: HarvestPolicy, now: float) ->
     snapshot = backend.observe(now)  # observe
     decisions = tuple(policy.decide(snapshot))  # decide
     backend.actuate(decisions, now)  # actuate
-    return Round(now, decisions)
+    return Round(now, decisions, snapshot)

@@ -51,3 +51,7 @@ class Preempt:
 
 
 Decision = StartJob | Resize | AddContainer | RemoveContainer | Preempt
+
+
+class InvalidDecision(ValueError):
+    """A policy asked for something impossible (a bug in the policy, never ignored)."""

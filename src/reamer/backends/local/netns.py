@@ -282,6 +282,15 @@ class Testbed:
                 f"a {mbit:g} Mbit/s tbf limit on {dev} in {ns}", self.timeout_s,
             )  # fmt: skip
 
+    def link_bytes(self, host: int | str | Host) -> tuple[int, int]:
+        """Cumulative (received, sent) bytes of the host's interface (its NIC)."""
+        h = self.host(host)
+        base = f"/sys/class/net/{h.ifname}/statistics"
+        out = _call(self._run, ["ip", "netns", "exec", h.netns, "cat", f"{base}/rx_bytes", f"{base}/tx_bytes"],
+                    f"byte counters of {h.ifname} in {h.netns}", self.timeout_s)
+        rx, tx = (int(x) for x in out.split())
+        return rx, tx
+
     def namespaces(self) -> list[str]:
         """Namespaces this testbed created and has not removed yet."""
         return list(self._created)

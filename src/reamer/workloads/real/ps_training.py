@@ -414,7 +414,7 @@ class ParameterServer:
 
     def run(self) -> int:
         """Accept workers until all ``workers`` have finished (or forever), or SIGTERM."""
-        emit({"role": "ps", "event": "listening", "port": self.port, "shard": self.shard,
+        emit({"role": "ps", "event": "listening", "port": self.port, "shard": self.shard, "version": self.version,
               "shards": self.shards, "workers": self.workers, "tensors": len(self.indices),
               "params": sum(self.numels)})
         self.sock.settimeout(0.2)

@@ -1,0 +1,137 @@
+"""Processes of the local backend: started inside a cgroup (and a testbed host's network
+namespace) before they run a single instruction of their own, with their JSON telemetry
+lines collected by a reader thread.
+
+The child is ``sh -c 'read _ && exec "$@"'``: it blocks on stdin until the executor has
+put its pid in the cgroup, then execs the workload — so the workload's threads are sized
+from the container's quota from its first line (no race with the cgroup write).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from reamer.backends.local.cgroups import CgroupExecutor
+
+GATE = 'read _ && exec "$@"'
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    t: float  # clock() when the line arrived
+    obj: dict[str, Any]
+
+
+class Proc:
+    """One workload process in cgroup ``cgroup``. ``clock`` stamps each telemetry line."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        cgroup: str,
+        executor: CgroupExecutor,
+        log: Path,
+        env: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.cgroup = cgroup
+        self.argv = list(argv)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self.lines: list[Line] = []
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log: IO[str] = log.open("a")
+        self.p = subprocess.Popen(
+            ["sh", "-c", GATE, "sh", *self.argv],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            env=env, start_new_session=True,  # Ctrl-C on the controller does not reach it directly
+        )  # fmt: skip
+        try:
+            executor.add_process(cgroup, self.p.pid)
+            assert self.p.stdin is not None
+            self.p.stdin.write("\n")
+            self.p.stdin.close()
+        except BaseException:
+            self.kill()
+            raise
+        self._reader = threading.Thread(target=self._read, daemon=True, name=f"reamer-read-{cgroup}")
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for raw in self.p.stdout:
+            raw = raw.strip()
+            if not raw.startswith("{"):
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            with self._cond:
+                self.lines.append(Line(self._clock(), obj))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def since(self, index: int) -> list[Line]:
+        with self._lock:
+            return self.lines[index:]
+
+    def wait_for(self, event: str, timeout_s: float) -> dict[str, Any]:
+        """The first line with ``"event": event``; a one-line RuntimeError when the process
+        exits first or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for ln in self.lines:
+                    if ln.obj.get("event") == event:
+                        return ln.obj
+                if self.p.poll() is not None and not self._reader.is_alive():
+                    raise RuntimeError(f"{self.cgroup}: exited (code {self.p.returncode}) before {event!r}; "
+                                       f"see {self._log.name}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"{self.cgroup}: no {event!r} line within {timeout_s:g}s; see {self._log.name}")
+                self._cond.wait(min(left, 0.2))
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.p.pid, sig)
+
+    def wait(self, timeout_s: float) -> int | None:
+        try:
+            return self.p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.p.wait(5)
+        self.close()
+
+    def close(self) -> None:
+        """After the process ended: let the reader drain its pipe, then close files."""
+        self._reader.join(timeout=2.0) if hasattr(self, "_reader") else None
+        for f in (self.p.stdout, self._log):
+            with contextlib.suppress(Exception):
+                f.close()  # type: ignore[union-attr]
