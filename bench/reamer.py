@@ -5,18 +5,26 @@
 Cluster: an evenly spaced subset of the openb GPU nodes (``../shared/data``). Training: GPU
 pods of the openb pod list, in a seeded random order, taken until their GPU requests reach
 ``packing_pct`` of the cluster's GPUs, all submitted at t = 0 and placed by ``static``
-(kube-scheduler, bin-packing), held for the whole horizon (they never finish). Inference:
-five services (ResNet-50, MobileNet-v2, BERT-base, VGG-16, DeepSpeech2-style) on seeded
-diurnal rates whose peak needs, as sized by the policies, ``peak_load`` × the GPU-node cores
-left unrequested at 70 % packing (the same seed), split evenly. A dedicated CPU pool takes
-what is not harvested. Training need drifts: every job's input-pipeline cost per sample is
-scaled each minute by a log-normal AR(1) factor (``--need-variation``, default 0.3, corr 0.9;
-an assumption until the local backend measures real pipelines), so policies face a need that
-moves between their measurements.
+(kube-scheduler, bin-packing). Each pod lives its openb lifetime (deletion − creation; median
+9 min, p90 1.7 h); when it ends the next pod of the order with the same GPU shape arrives, so
+GPU packing stays at the target while the CPU requested and used on each node changes (new
+pods land on nodes whose spare CPU inference may hold). An openb pod's shape is fixed: one PS,
+its GPUs as workers; NEARCHUS may resize its CPU, not add workers or PS. openb pods are single
+pods, so their gradient traffic stays in the host; the simulator's PS model has no in-host
+path, so GPU nodes get a ``--nic-gbps`` (default 100, a lower bound of in-host bandwidth;
+DGX-1-class servers carry 4 × 100 Gb/s) NIC. Inference: five services (ResNet-50,
+MobileNet-v2, BERT-base, VGG-16, DeepSpeech2-style) on seeded diurnal rates whose peak needs,
+as sized by the policies, ``peak_load`` × the GPU-node cores left unrequested at 70 % packing
+(the same seed), split evenly. A dedicated CPU pool takes what is not harvested. Training need
+drifts: every job's input-pipeline cost per sample is scaled each minute by a log-normal AR(1)
+factor (``--need-variation``, default 0.3, corr 0.9; an assumption until the local backend
+measures real pipelines), so policies face a need that moves between their measurements. CPU
+contention on a node is split by cpu.shares (:func:`reamer.backends.sim.inference.cfs_split`):
+both training and inference can slow.
 
 Policies (training + harvesting): ``dedicated``, ``naive``, ``usage-reclaim``, ``reamer`` on
-``static`` training, and ``nearchus+reamer`` (NEARCHUS allocates training; Reamer's slack uses
-NEARCHUS's limits as the training need). Metrics per run: the co-location keys of
+``static`` training, and ``nearchus+reamer`` (NEARCHUS allocates training's CPU; Reamer's slack
+uses the measured need — p95 use — capped by NEARCHUS's trimmed limits). Metrics per run: the co-location keys of
 :mod:`reamer.backends.sim.inference` plus the realised ``gpu_alloc_pct``. Ratios: per policy,
 min and max over all runs of SLO attainment, training slowdown and harvested share.
 """
@@ -65,7 +73,7 @@ POLICIES = {  # run name -> (training policy, harvesting policy, training need s
     "naive": ("static", "naive", "usage"),
     "usage-reclaim": ("static", "usage-reclaim", "usage"),
     "reamer": ("static", "reamer", "usage"),
-    "nearchus+reamer": ("nearchus", "reamer", "limits"),
+    "nearchus+reamer": ("nearchus", "reamer", "usage"),
 }
 TRAIN_MODELS = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121", "bert_base", "vit_b16"]
 KEYS = ["slo_attainment_pct", "requests_within_slo_pct", "training_slowdown_pct", "harvested_share_pct",
@@ -87,10 +95,12 @@ def gpu_nodes(n: int, folder: Path) -> tuple[Path, float, float]:
     return out, sum(float(r["gpu"]) for r in rows), sum(float(r["cpu_milli"]) / 1000 for r in rows)
 
 
-def gpu_pods() -> list[tuple[str, float, float, int, float]]:
+def gpu_pods() -> list[tuple[str, float, float, int, float, float]]:
+    """(name, cores, MiB, GPUs, GPU milli, lifetime s) of every openb GPU pod."""
     with OPENB_PODS.open() as f:
         return [(r["name"], float(r["cpu_milli"]) / 1000, float(r["memory_mib"]), int(r["num_gpu"]),
-                 float(r["gpu_milli"])) for r in csv.DictReader(f) if int(r["num_gpu"] or 0) > 0]
+                 float(r["gpu_milli"]), max(60.0, float(r["deletion_time"]) - float(r["creation_time"])))
+                for r in csv.DictReader(f) if int(r["num_gpu"] or 0) > 0]
 
 
 def pick(pods, order: np.ndarray, gpus: float, packing: float) -> list:
@@ -107,17 +117,48 @@ def pick(pods, order: np.ndarray, gpus: float, packing: float) -> list:
     return out
 
 
-def jobs_of(pods, rng: np.random.Generator, horizon_s: float) -> list[TrainingJob]:
+def churn(pods, order: np.ndarray, first: list, horizon_s: float) -> list[tuple[float, tuple]]:
+    """(arrival s, pod) of the packed pods at t = 0 and of their successors: each pod lives its
+    openb lifetime (deletion − creation); when it ends, the next pod of the seeded order with the
+    same GPU shape arrives, so GPU packing stays at the target while CPU requests change."""
+    by_shape: dict[tuple[int, float], list[int]] = {}
+    for i in order:
+        by_shape.setdefault((pods[i][3], pods[i][4]), []).append(int(i))
+    used = {p[0] for p in first}
+    nxt = {k: 0 for k in by_shape}
+    out, slots = [], [(0.0, p) for p in first]
+    while slots:
+        t, p = slots.pop()
+        out.append((t, p))
+        end = t + p[5]
+        if end >= horizon_s:
+            continue
+        key, cand = (p[3], p[4]), by_shape[(p[3], p[4])]
+        k = nxt[key]
+        while k < len(cand) and pods[cand[k]][0] in used:
+            k += 1
+        nxt[key] = k + 1
+        q = pods[cand[k % len(cand)]]
+        used.add(q[0])
+        slots.append((end, q))
+    return sorted(out, key=lambda x: (x[0], x[1][0]))
+
+
+def jobs_of(arrivals, rng: np.random.Generator, nic_gbps: float) -> list[TrainingJob]:
+    """Training jobs of the pods: an openb pod's shape is fixed (its GPUs, one PS), so NEARCHUS
+    may resize its CPU but not add GPU workers or PS the pod did not have."""
     cal = load_calibration()
-    jobs = []
-    for name, cpu, mem, ngpu, gmilli in pods:
+    jobs, seen = [], {}
+    for t, (name, cpu, mem, ngpu, gmilli, life) in arrivals:
         workers = max(1, ngpu)
         w_res = Resources(cpu / workers, mem / workers, gmilli / 1000.0)
         p_res = Resources(1.0, 2.0 * GIB)
         model = TRAIN_MODELS[int(rng.integers(len(TRAIN_MODELS)))]
-        speed = request_speed(model, cal, ZOO[model].batch, 1, workers, p_res, w_res, 10.0)
-        jobs.append(TrainingJob(name, model, 0.0, speed * horizon_s * 100.0, 1, workers, p_res, w_res,
-                                ZOO[model].batch, max_workers=max(16, workers)))
+        speed = request_speed(model, cal, ZOO[model].batch, 1, workers, p_res, w_res, nic_gbps)
+        seen[name] = seen.get(name, 0) + 1
+        jid = name if seen[name] == 1 else f"{name}.{seen[name]}"
+        jobs.append(TrainingJob(jid, model, t, speed * life, 1, workers, p_res, w_res,
+                                ZOO[model].batch, max_ps=1, max_workers=workers))
     return jobs
 
 
@@ -141,14 +182,14 @@ def peak_rate(model: str, slo_ms: float, cores: float) -> float:
 
 
 def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, need: str,
-             variation: float) -> Scenario:
+             variation: float, nic_gbps: float) -> Scenario:
     per = peak_cores / len(SERVICES)
     services = [{"id": sid, "model": m, "slo_p99_ms": slo, "peak_rate_per_s": max(0.01, peak_rate(m, slo, per)),
                  "rate": {"kind": "diurnal", "start_hour": 14.0 - horizon_s / 7200.0}} for sid, m, slo in SERVICES]
     pool_count = int(math.ceil(peak_cores * 1.6 / 30.0)) + 2
     return parse_scenario({
         "name": "openb-gpu", "seed": seed, "horizon_s": horizon_s,
-        "cluster": {"node_list": str(nodes_csv), "nic_gbps": 10},
+        "cluster": {"node_list": str(nodes_csv), "nic_gbps": nic_gbps},
         "workload": {"kind": "synthetic", "jobs": 1},  # replaced by the packed pods
         "policy": {"options": {"static": {"placement": "pack"}, "nearchus": {"placement": "pack"}}},
         "inference": {"services": services, "pool": {"count": pool_count, "cores": 32},
@@ -157,18 +198,20 @@ def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, ne
 
 
 def one(args) -> dict:
-    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation = args
+    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation, nic = args
     training, harvest, need = POLICIES[name]
-    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, need, variation)
+    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, need, variation, nic)
     pods = gpu_pods()
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pods))
     _, gpus, _ = _NODES
-    jobs = jobs_of(pick(pods, order, gpus, packing / 100.0), rng, horizon_s)
+    jobs = jobs_of(churn(pods, order, pick(pods, order, gpus, packing / 100.0), horizon_s), rng, nic)
     r = simulate(sc, training, jobs=jobs, harvest=harvest)
     m = {k: r.metrics[k] for k in KEYS}
     m["wall_s"] = r.metrics["wall_s"]
-    return run_entry(sc.name, seed, name, m, {"packing_pct": packing, "peak_load": load, "need_variation": variation})
+    m["training_jobs"] = float(len(jobs))
+    return run_entry(sc.name, seed, name, m, {"packing_pct": packing, "peak_load": load, "need_variation": variation,
+                                              "nic_gbps": nic})
 
 
 _NODES: tuple[Path, float, float] = (Path(), 0.0, 0.0)
@@ -191,6 +234,9 @@ def main() -> int:
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite the Cloud Reamer table in docs/results.md")
     ap.add_argument("--need-variation", type=float, default=0.3,
                     help="log-sd of each job's per-window input-pipeline cost drift (assumption, not measured)")
+    ap.add_argument("--nic-gbps", type=float, default=100.0,
+                    help="GPU-node NIC (openb pods are single pods: their gradient traffic stays in the host; "
+                         "100 Gb/s is a lower bound for that, DGX-1-class servers carry 4 x 100 Gb/s)")
     a = ap.parse_args()
     if not (OPENB_NODES.is_file() and OPENB_PODS.is_file()):
         print(f"needs the openb data in {OPENB_NODES.parent}", file=sys.stderr)
@@ -210,7 +256,7 @@ def main() -> int:
             for load in a.loads:
                 for name in a.policies:
                     tasks.append((seed, packing, load, name, str(nodes[0]), horizon, load * unrequested,
-                                  a.need_variation))
+                                  a.need_variation, a.nic_gbps))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes,)) as ex:
         runs = list(ex.map(one, tasks))
@@ -238,10 +284,13 @@ def main() -> int:
 
 def write_docs(runs: list[dict], seeds: list[int], quick: bool) -> None:
     cols = [("slo_attainment_pct", "SLO met % of service-minutes"), ("training_slowdown_pct", "training slowdown %"),
-            ("harvested_share_pct", "harvested %"), ("dedicated_node_hours", "pool node-hours")]
-    lines = ["## Cloud Reamer (first version)", "",
+            ("harvested_share_pct", "harvested %"), ("harvested_core_hours", "harvested core-hours"),
+            ("dedicated_node_hours", "pool node-hours"), ("gpu_alloc_pct", "realised GPU alloc %")]
+    lines = ["## Cloud Reamer", "",
              f"Seeds {', '.join(map(str, seeds))}, min–max over seeds; {'--quick: 12 GPU nodes, 6 h' if quick else '24 GPU nodes, 12 h'}."
-             " Regenerate: `python bench/reamer.py --json bench-reamer.json" + (" --quick`." if quick else "`."), "",
+             " Regenerate: `python bench/reamer.py --json bench-reamer.json" + (" --quick" if quick else "")
+             + " --seeds " + " ".join(map(str, seeds))
+             + " --loads " + " ".join(str(x) for x in sorted({r["params"]["peak_load"] for r in runs})) + "`.", "",
              "| policy | packing % | peak load | " + " | ".join(c for _, c in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     groups: dict[tuple, list[dict]] = {}

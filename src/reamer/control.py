@@ -44,6 +44,12 @@ class HarvestBackend(Protocol):
     def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None: ...
 
 
+class JointHarvestBackend(HarvestBackend, Protocol):
+    def expect(self, decisions: Sequence[Decision]) -> None:
+        """Training is about to apply ``decisions``: count the CPU they take as taken."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Round:
     now: float
@@ -64,3 +70,18 @@ def harvest_round(backend: HarvestBackend, policy: HarvestPolicy, now: float) ->
     decisions = tuple(policy.decide(snapshot))  # decide
     backend.actuate(decisions, now)  # actuate
     return Round(now, decisions, snapshot)
+
+
+def joint_round(backend: Backend, policy: Policy, harvest: JointHarvestBackend, harvest_policy: HarvestPolicy,
+                now: float) -> tuple[Round, Round]:
+    """The joint loop: training decides first; inference is harvested against the allocation
+    training is *about to* take, and moves (shrink / migrate / evict) before training
+    actuates — inference yields first when training needs its CPU back."""
+    snapshot = backend.observe(now)  # observe
+    decisions = tuple(policy.decide(snapshot))  # decide (training)
+    harvest.expect(decisions)
+    hsnap = harvest.observe(now)
+    hdecisions = tuple(harvest_policy.decide(hsnap))  # decide (inference, on what is left)
+    harvest.actuate(hdecisions, now)  # actuate: inference moves first ...
+    backend.actuate(decisions, now)  # ... then training takes its cores
+    return Round(now, decisions, snapshot), Round(now, hdecisions, hsnap)

@@ -66,10 +66,26 @@ def test_missing_column_in_job_list(tmp_path):
 
 @pytest.mark.slow
 def test_demo_runs_and_writes_report(tmp_path):
+    """The simulated half (the real half: tests/backends/local/test_session.py)."""
     rep = tmp_path / "r.html"
-    r = run("demo", "--report", str(rep))
+    r = run("demo", "--mode", "sim", "--report", str(rep))
     assert r.exit_code == 0, r.output
     assert "static" in r.output and rep.stat().st_size > 10_000
+
+
+def test_demo_rejects_an_unknown_mode(tmp_path):
+    r = run("demo", "--mode", "fast", "--report", str(tmp_path / "r.html"))
+    assert r.exit_code == 2 and "--mode: value: expected one of auto, real, sim, got 'fast'" in r.output
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_local_rejects_a_bad_scenario_in_one_line(tmp_path):
+    p = tmp_path / "l.yaml"
+    p.write_text("hosts: [{name: a, cores: -1}]\n")
+    r = run("local", str(p), "--report", str(tmp_path / "r.html"))
+    assert r.exit_code == 2, r.output
+    assert "field hosts.0.cores" in r.output and "greater than 0" in r.output
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_identical_across_processes_and_hash_seeds(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import itertools
 import math
 
@@ -103,6 +105,17 @@ def test_slack_formula_and_stale_metrics_give_zero():
     assert slack(n, fresh, 100.0 + CFG.stale_s + 1, CFG) == 0.0  # stale
     assert slack(n, None, 0.0, CFG) == 0.0  # never measured
     assert slack(n, use("g0", need=31.0), 0.0, CFG) == 0.0  # never negative
+
+
+def test_training_limits_cap_need_plus_margin():
+    """Training can never take back more than its CPU limits (NEARCHUS's trimmed limits in the
+    joint loop): the margin never reaches above them, and a limit below the need is ignored."""
+    n = gpu("g0")
+    base = use("g0", need=10.0)
+    margin = CFG.safety_margin_cores + CFG.safety_margin_frac * 10.0
+    assert slack(n, replace(base, training_limit=10.5), 0.0, CFG) == pytest.approx(32 - 2 - 10.5)
+    assert slack(n, replace(base, training_limit=40.0), 0.0, CFG) == pytest.approx(32 - 2 - 10 - margin)
+    assert slack(n, replace(base, training_limit=5.0), 0.0, CFG) == pytest.approx(32 - 2 - 10)
 
 
 def test_no_placement_on_a_node_with_stale_metrics():

@@ -16,6 +16,7 @@ from rich.table import Table
 from reamer.backends.sim import RunResult, simulate
 from reamer.config.scenario import Scenario, load_embedded, load_scenario
 from reamer.errors import InputError
+from reamer.models.profiles import Profiles, load_profiles
 from reamer.models.training import Calibration, load_calibration
 from reamer.policies import make_policy, policy_names
 from reamer.policies.harvest_baselines import HARVEST_POLICIES
@@ -55,19 +56,8 @@ def _errors():
         _fail(e)
 
 
-def _calibration(profiles: Path | None) -> Calibration:
-    if profiles is None:
-        return load_calibration()
-    try:
-        return load_calibration(str(profiles))
-    except FileNotFoundError:
-        raise InputError(str(profiles), "file", "an existing profiles JSON file") from None
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(str(profiles), "contents", f"a calibration JSON object ({e})") from None
-
-
 def run_policies(sc: Scenario, policies: list[str], cal: Calibration, quiet: bool = False,
-                 track: int = 0) -> list[RunResult]:
+                 track: int = 0, profiles: Profiles | None = None) -> list[RunResult]:
     """Run each policy on the same scenario and seed, with a progress bar."""
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -75,7 +65,7 @@ def run_policies(sc: Scenario, policies: list[str], cal: Calibration, quiet: boo
         for name in policies:
             task = bar.add_task(f"{sc.name}/{name}", total=None)
             res = simulate(sc, name, cal, lambda done, total, t=task: bar.update(t, completed=done, total=total),
-                           track=track)
+                           track=track, profiles=profiles)
             results.append(res)
     return results
 
@@ -101,7 +91,8 @@ def simulate_command(
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write results (DESIGN.md §4 shape)")] = None,
     report: Annotated[Path | None, typer.Option(help="Write an interactive HTML report")] = None,
-    profiles: Annotated[Path | None, typer.Option(envvar="REAMER_PROFILES", help="Calibration JSON")] = None,
+    profiles: Annotated[Path | None, typer.Option(envvar="REAMER_PROFILES",
+                                                  help="Calibrated profile JSON (reamer calibrate; default: the shipped one)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Simulate a scenario under one or more policies (same seed, side by side)."""
@@ -111,8 +102,8 @@ def simulate_command(
             sc = sc.model_copy(update={"seed": seed})
         for name in policy:  # validate names and options before any work
             make_policy(name, sc.policy.options.get(name), source="--policy" if name not in policy_names() else sc.source)
-        cal = _calibration(profiles)
-        results = run_policies(sc, policy, cal, quiet, track=6 if report else 0)
+        prof = load_profiles(profiles)
+        results = run_policies(sc, policy, prof.calibration, quiet, track=6 if report else 0, profiles=prof)
     if not quiet:
         _out().print(_table(results, f"{sc.name} (seed {sc.seed})"))
     if json_out:
@@ -126,9 +117,40 @@ def simulate_command(
 def demo(
     report: Annotated[Path, typer.Option(help="Where to write the HTML report")] = Path("out/demo-report.html"),
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
+    mode: Annotated[str, typer.Option(envvar="REAMER_DEMO_MODE",
+                                      help="auto: real run when root and cgroups allow it, then the simulations; "
+                                           "real: real run only; sim: simulations only")] = "auto",
+    profiles: Annotated[Path | None, typer.Option(envvar="REAMER_PROFILES",
+                                                  help="Calibrated profile (default: the shipped one)")] = None,
 ) -> None:
-    """Every registered policy side by side on the embedded default scenario."""
+    """A short real run (NEARCHUS re-allocates a PS job while Reamer serves inference on the
+    spare CPU), then every policy side by side in simulation."""
+    real_metrics: dict[str, float] = {}
     with _errors():
+        if mode not in ("auto", "real", "sim"):
+            raise InputError("--mode", "value", "one of auto, real, sim", mode)
+        if mode != "sim":
+            from reamer.backends.local.session import unavailable
+
+            from reamer.config.local import load_local
+
+            local, prof = load_local(None), load_profiles(profiles)
+            missing = [s.model for s in local.services if s.model not in prof.inference]
+            reason = unavailable() or (f"the profile has no service-time profile for {missing[0]} (run: reamer "
+                                       "calibrate)" if missing else None)
+            if reason is None:
+                from reamer.cli.local import run_real
+
+                real_metrics = run_real(local, prof, console, _out(),
+                                        report.with_name(f"{report.stem}-real{report.suffix}"))
+            elif mode == "real":
+                raise InputError("reamer demo --mode real", "machine", "root, writable cgroups, iproute2", reason)
+            else:
+                console.print(f"no real run: {reason}; simulation only", highlight=False)
+        if mode == "real":
+            if json_out:
+                write_json(json_out, document("demo", [run_entry("local", 0, "nearchus+reamer", real_metrics)]))
+            return
         sc = load_scenario(None)
         results = run_policies(sc, policy_names(), load_calibration(), track=6)
     _out().print(_table(results, f"Reamer demo: {sc.name} scenario (simulated, seed {sc.seed})"))
@@ -142,12 +164,93 @@ def demo(
         t.add_row(*(v if isinstance(v, str) else f"{v:.2f}" for v in row.values()))
     _out().print(t)
     if json_out:
-        write_json(json_out, document("demo", [run_entry(r.scenario, r.seed, r.policy, r.metrics)
-                                               for r in (*results, *colo_results)]))
+        entries = [run_entry(r.scenario, r.seed, r.policy, r.metrics) for r in (*results, *colo_results)]
+        if real_metrics:
+            entries.insert(0, run_entry("local", 0, "nearchus+reamer", real_metrics))
+        write_json(json_out, document("demo", entries))
     write_report(report, f"Reamer demo: {sc.name}", results)
     colo_report = report.with_name(f"{report.stem}-colocation{report.suffix}")
     write_report(colo_report, f"Reamer demo: {colo.name}", colo_results, table=rows)
     _out().print(f"HTML reports: {report.resolve()}, {colo_report.resolve()}")
+
+
+@app.command("local")
+def local_command(
+    scenario: Annotated[Path | None, typer.Argument(help="Local scenario YAML (default: the embedded one)")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the run's metrics")] = None,
+    report: Annotated[Path, typer.Option(help="Where to write the HTML report")] = Path("out/local-report.html"),
+    profiles: Annotated[Path | None, typer.Option(envvar="REAMER_PROFILES", help="Calibrated profile")] = None,
+) -> None:
+    """Run a local scenario for real: testbed hosts, cgroups, real PS training and inference."""
+    from reamer.backends.local.session import unavailable
+    from reamer.cli.local import run_real
+    from reamer.config.local import load_local
+
+    with _errors():
+        sc = load_local(scenario)
+        prof = load_profiles(profiles)
+        reason = unavailable()
+        if reason is not None:
+            raise InputError("reamer local", "machine", "root, writable cgroups, iproute2, torch, onnxruntime", reason)
+        metrics = run_real(sc, prof, console, _out(), report)
+    if json_out:
+        write_json(json_out, document("local", [run_entry(sc.name, sc.seed, sc.policy.training
+                                                           + (f"+{sc.policy.harvest}" if sc.services and sc.policy.harvest
+                                                              else ""), metrics)]))
+
+
+@app.command()
+def calibrate(
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the profile here (atomically)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Short runs (about a minute on 2 cores)")] = False,
+    parts: Annotated[str, typer.Option(help="Comma-separated: training,models,inference,interference")] =
+        "training,models,inference,interference",
+    inference_models: Annotated[str | None, typer.Option(
+        help="Comma-separated inference models (default: the real-workload models)")] = None,
+    base: Annotated[Path | None, typer.Option(help="Profile whose unmeasured entries are kept (default: shipped)")] = None,
+) -> None:
+    """Measure this machine's performance-model constants into one profile (docs/calibration.md)."""
+    from reamer.calibration.run import calibrate as run_calibration
+    from reamer.calibration.run import check_parts, dumps, real_models
+    from reamer.reports.results import write_atomic
+
+    names = [m.strip() for m in inference_models.split(",") if m.strip()] if inference_models is not None else None
+    part_list = [p.strip() for p in parts.split(",") if p.strip()]
+    with _errors():  # bad options or base profile: one line, before any measurement
+        check_parts(part_list, names if names is not None else real_models())
+        load_profiles(base)
+    with _errors(), Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:  # fmt: skip
+        task = bar.add_task("calibrating", total=None)
+        doc = run_calibration(
+            quick=quick, parts=part_list, inference_models=names,
+            base=base, on_start=lambda n: bar.update(task, total=n),
+            tick=lambda desc: bar.update(task, advance=1, description=desc), log=bar.console.print,
+        )  # fmt: skip
+    _out().print(_calibration_table(doc))
+    if json_out:
+        write_atomic(json_out, dumps(doc))
+        console.print(f"wrote {json_out}")
+
+
+def _calibration_table(doc: dict) -> Table:
+    m = doc["machine"]
+    t = Table(title=f"calibration: {m['cpu']}, {m['nproc']} cores, torch {m['torch']}, onnxruntime {m['onnxruntime']}")
+    t.add_column("constant")
+    t.add_column("value", justify="right")
+    t.add_column("source")
+    for k in ("core_gflops", "parallel_fraction", "oversub_penalty", "ps_update_ns_per_byte"):
+        t.add_row(f"training.{k}", f"{doc['training'][k]:.4g}", doc["training"]["source"])
+    for name, e in doc.get("models", {}).items():
+        t.add_row(f"models.{name}.core_s_per_sample", f"{e['core_s_per_sample']:.4g}", e["source"])
+    for name, e in doc.get("inference", {}).items():
+        t.add_row(f"inference.{name} a/b ms, f", f"{e['a_ms']:.3g}/{e['b_ms']:.3g}, {e['parallel_fraction']:.2f}",
+                  e.get("source", ""))
+    if doc.get("interference"):
+        i = doc["interference"]
+        t.add_row("interference training/inference", f"{i['training_interference']:.3g}/{i['inference_interference']:.3g}",
+                  i["source"])
+    return t
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -138,7 +138,7 @@ class ServiceSpec(_Strict):
     """One latency-SLO inference service."""
 
     id: str
-    model: str  # a model of reamer/data/inference_profiles.json
+    model: str  # a model of the profile's inference section (reamer/data/profiles.json)
     slo_p99_ms: Pos
     peak_rate_per_s: Pos
     rate: RateSource = DiurnalRate()
@@ -162,8 +162,8 @@ class InferenceSection(_Strict):
     interval_s: Pos = 60.0  # harvest round and SLO judging window
     system_reserve_cores: NonNeg = 2.0  # per training node
     # Where the training need for slack comes from: ``usage`` = Σ measured use of the training
-    # containers on the node; ``limits`` = their CPU limits (NEARCHUS's trimmed limits in the
-    # joint ``nearchus+reamer`` mode).
+    # containers on the node; ``limits`` = their CPU limits. Either way the policy also sees the
+    # limits (``NodeUsage.training_limit``): training can never take back more than them.
     training_need: Literal["usage", "limits"] = "usage"
     need_percentile: Annotated[float, Field(gt=0, le=100)] = 95.0  # ``usage``: this percentile of ...
     need_window_s: Pos = 1800.0  # ... the per-window measured use over this long

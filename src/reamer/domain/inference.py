@@ -33,6 +33,8 @@ class NodeUsage:
     ``training_used`` / ``system_used`` are window-averaged usage (what Koordinator-style
     reclaiming reads); ``None`` = same as ``training_need`` / ``system_reserve``.
     ``mem_used_mib`` is memory held by training and the system (not by inference).
+    ``training_limit`` is the sum of the training containers' CPU limits: training can never
+    take back more than that (NEARCHUS trims it to the measured need in the joint loop).
     """
 
     node: str
@@ -44,6 +46,7 @@ class NodeUsage:
     training_used: float | None = None
     system_used: float | None = None
     mem_used_mib: float = 0.0
+    training_limit: float | None = None  # Σ CPU limits of the training containers (None = unknown)
 
     @property
     def training_usage(self) -> float:

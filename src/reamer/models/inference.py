@@ -1,7 +1,7 @@
 """Inference service model: service-time profiles, one replica's batching queue, sizing (DESIGN.md §3.2).
 
-**Service time.** Per model, measured with ONNX Runtime by ``bench/inference_profile.py`` and
-shipped in ``reamer/data/inference_profiles.json``::
+**Service time.** Per model, measured with ONNX Runtime by ``reamer calibrate``
+(:mod:`reamer.calibration.inference`) and shipped in ``reamer/data/profiles.json``::
 
     S(cores, batch) = (a + b * batch) / E(cores) * slowdown
     E(c) = 1 / ((1 - f) + f / c)   for c >= 1,   E(c) = c below one core (time share)
@@ -70,14 +70,15 @@ class InferenceProfile:
 
 
 def load_inference_profiles(path: str | Path | None = None) -> dict[str, InferenceProfile]:
-    """Profiles shipped in ``reamer/data/inference_profiles.json`` (or read from ``path``)."""
+    """Profiles shipped in ``reamer/data/profiles.json`` (its ``inference`` section), or read from
+    ``path``: a calibrated profile (``inference`` section) or a JSON object with ``models``."""
     from importlib import resources
 
     from reamer.errors import InputError
 
     if path is None:
-        source = "reamer/data/inference_profiles.json"
-        text = resources.files("reamer.data").joinpath("inference_profiles.json").read_text()
+        source = "reamer/data/profiles.json"
+        text = resources.files("reamer.data").joinpath("profiles.json").read_text()
     else:
         source = str(path)
         try:
@@ -85,9 +86,10 @@ def load_inference_profiles(path: str | Path | None = None) -> dict[str, Inferen
         except OSError as e:
             raise InputError(source, "file", "a readable JSON file", e.strerror) from None
     try:
-        models = json.loads(text)["models"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise InputError(source, "top level", 'a JSON object with "models"') from None
+        doc = json.loads(text)
+        models = doc["inference"] if isinstance(doc.get("inference"), dict) else doc["models"]
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise InputError(source, "top level", 'a JSON object with "inference" or "models"') from None
     out: dict[str, InferenceProfile] = {}
     for name, m in models.items():
         try:

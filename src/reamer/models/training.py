@@ -18,12 +18,12 @@ model zoo, each with its source; none is tuned here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """Machine constants. Defaults ship in ``reamer/data/calibration.json`` with their source."""
+    """Machine constants. Defaults ship in ``reamer/data/profiles.json`` with their source."""
 
     core_gflops: float  # achieved training GFLOP/s of one core (fwd+bwd, fp32)
     parallel_fraction: float  # Amdahl parallel fraction of a training step
@@ -43,13 +43,21 @@ class ModelProfile:
     gpu_samples_per_s: float = 0.0  # training throughput of one full GPU (published benchmark)
     input_core_s_per_sample: float = 0.002  # CPU input pipeline cost per sample (decode+augment)
     source: str = ""
+    # measured by ``reamer calibrate`` (reamer.models.profiles): training core-seconds per sample
+    # on one core (wins over the FLOPs estimate) and this model's own Amdahl fraction (None:
+    # the machine's ``Calibration.parallel_fraction``)
+    measured_core_s_per_sample: float | None = None
+    parallel_fraction: float | None = None
 
     @property
     def param_bytes(self) -> float:
         return self.params_m * 1e6 * 4.0  # fp32
 
     def core_s_per_sample(self, cal: Calibration) -> float:
-        """Training (fwd+bwd ≈ 3× forward FLOPs) core-seconds per sample on one core."""
+        """Training core-seconds per sample on one core: measured when the profile has it,
+        else fwd+bwd ≈ 3× forward FLOPs at the calibrated core speed."""
+        if self.measured_core_s_per_sample is not None:
+            return self.measured_core_s_per_sample
         return 3.0 * self.fwd_gflops / cal.core_gflops
 
 
@@ -129,8 +137,9 @@ def step(
     t_pipe = 0.0  # GPU workers: CPU input pipeline time per batch (prefetched in the background)
     cpu_s = 0.0  # core-seconds of CPU all workers use per step
     gpu_s = 0.0  # GPU-seconds all workers use per step
+    w_cal = cal if model.parallel_fraction is None else replace(cal, parallel_fraction=model.parallel_fraction)
     for side in workers:
-        e = effective_cores(side.cores, side.threads, cal)
+        e = effective_cores(side.cores, side.threads, w_cal)
         if e <= 0:
             return ZERO_STEP
         busy_cores = min(side.cores, float(side.threads or side.cores))
@@ -172,15 +181,18 @@ def step(
 
 
 def load_calibration(path: str | None = None) -> Calibration:
-    """The calibration measured on the reference machine (shipped), or one from ``path``."""
+    """The calibration measured on the reference machine (the ``training`` section of the shipped
+    ``reamer/data/profiles.json``), or one from ``path`` (a profile, or a flat calibration JSON)."""
     import json
     from importlib import resources
     from pathlib import Path
 
     if path is None:
-        text = resources.files("reamer.data").joinpath("calibration.json").read_text()
+        text = resources.files("reamer.data").joinpath("profiles.json").read_text()
     else:
         text = Path(path).read_text()
     d = json.loads(text)
+    if isinstance(d, dict) and isinstance(d.get("training"), dict):
+        d = d["training"]
     fields = ("core_gflops", "parallel_fraction", "oversub_penalty", "ps_update_ns_per_byte", "source")
     return Calibration(**{k: d[k] for k in fields if k in d})

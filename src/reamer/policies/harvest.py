@@ -6,8 +6,10 @@ Every round (``decide(HarvestSnapshot)``), in this order:
 1. **Slack** per training node (:func:`slack`) = cores − system reserve − training *need*
    (NEARCHUS's measured need, or p95 usage) − safety margin (``safety_margin_cores`` +
    ``safety_margin_frac`` × need, so inference moves *before* a growing job reaches its
-   cores); zero when the node's metrics are older than ``stale_s``. Each node's slack is
-   remembered over the last ``stable_s``.
+   cores); need + margin never counts above the training containers' CPU limits when they are
+   known (a hard cap; in the joint loop NEARCHUS trims them toward the measured need); zero
+   when the node's metrics are older than ``stale_s``. Each node's slack is remembered over
+   the last ``stable_s``.
 2. **Guard** — a node whose replicas use more than its slack gives cores back, cheapest
    first: *shrink* replicas whose service has SLO headroom (cores down in ``core_step`` steps
    while the shrunk replica's predicted latency quantile at its share of the predicted rate
@@ -116,13 +118,17 @@ class ReamerConfig(HarvestConfig):
 
 
 def slack(node: Node, usage: NodeUsage | None, now: float, cfg: ReamerConfig) -> float:
-    """Cores inference may use on a training node: cores − system reserve − training need −
-    safety margin; 0 when there are no metrics or they are older than ``cfg.stale_s``."""
+    """Cores inference may use on a training node: cores − system reserve − min(training need +
+    safety margin, training CPU limits); 0 when there are no metrics or they are older than
+    ``cfg.stale_s``."""
     if usage is None or now - usage.metrics_at > cfg.stale_s:
         return 0.0
     margin = cfg.safety_margin_cores + cfg.safety_margin_frac * usage.training_need
+    taken = usage.training_need + margin
+    if usage.training_limit is not None:  # training cannot use more than its CPU limits
+        taken = min(taken, max(usage.training_limit, usage.training_need))
     cores = min(node.cores, usage.cores)
-    return max(0.0, cores - usage.system_reserve - usage.training_need - margin)
+    return max(0.0, cores - usage.system_reserve - taken)
 
 
 def replica_capacity(profile: InferenceProfile, cores: float, max_batch: int, max_wait_s: float,

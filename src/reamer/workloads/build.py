@@ -6,6 +6,7 @@ All randomness comes from the injected ``numpy.random.Generator``: same seed, sa
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from reamer.config.scenario import JobList, Openb, Scenario, Synthetic
 from reamer.domain import Node, Resources, TrainingJob
 from reamer.errors import InputError
-from reamer.models.training import Calibration, Side, step
+from reamer.models.training import Calibration, ModelProfile, Side, step
 from reamer.models.zoo import ZOO, gpu_factor
 from reamer.workloads.csvio import integer, number, read_rows
 
@@ -65,34 +66,38 @@ def read_openb_nodes(path: Path, nic_gbps: float, limit: int | None = None) -> l
 
 
 def request_speed(model: str, cal: Calibration, batch: int, ps: int, workers: int,
-                  ps_res: Resources, worker_res: Resources, nic_gbps: float) -> float:
+                  ps_res: Resources, worker_res: Resources, nic_gbps: float,
+                  models: Mapping[str, ModelProfile] = ZOO) -> float:
     """Samples/s of a job at the user's request, each container on its own full link."""
-    prof = ZOO[model]
+    prof = models[model]
     w = [Side(worker_res.cpu, nic_gbps, worker_res.gpu)] * workers
     p = [Side(ps_res.cpu, nic_gbps)] * ps
     return step(prof, cal, batch, w, p).speed
 
 
-def build_jobs(sc: Scenario, nodes: list[Node], cal: Calibration, rng: np.random.Generator) -> list[TrainingJob]:
+def build_jobs(sc: Scenario, nodes: list[Node], cal: Calibration, rng: np.random.Generator,
+               models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
+    """``models``: training models by name (the calibrated profile's merged over the zoo)."""
     wl = sc.workload
     nic = sc.cluster.nic_gbps
     if isinstance(wl, Synthetic):
-        _check_models(sc.source, "workload.models", wl.models)
-        return _synthetic(wl, cal, rng, nic)
+        _check_models(sc.source, "workload.models", wl.models, models)
+        return _synthetic(wl, cal, rng, nic, models)
     if isinstance(wl, Openb):
-        _check_models(sc.source, "workload.models", wl.models)
-        return _openb(wl, nodes, cal, rng, nic)
+        _check_models(sc.source, "workload.models", wl.models, models)
+        return _openb(wl, nodes, cal, rng, nic, models)
     assert isinstance(wl, JobList)
-    return read_joblist(wl.path, cal, nic)
+    return read_joblist(wl.path, cal, nic, models)
 
 
-def _check_models(source: str, where: str, models: list[str]) -> None:
-    bad = [m for m in models if m not in ZOO]
-    if bad or not models:
-        raise InputError(source, f"field {where}", f"model names from {', '.join(sorted(ZOO))}", bad or models)
+def _check_models(source: str, where: str, names: list[str], models: Mapping[str, ModelProfile] = ZOO) -> None:
+    bad = [m for m in names if m not in models]
+    if bad or not names:
+        raise InputError(source, f"field {where}", f"model names from {', '.join(sorted(models))}", bad or names)
 
 
-def _synthetic(wl: Synthetic, cal: Calibration, rng: np.random.Generator, nic: float) -> list[TrainingJob]:
+def _synthetic(wl: Synthetic, cal: Calibration, rng: np.random.Generator, nic: float,
+               models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
     jobs = []
     t = 0.0
     lo, hi = (math.log(x) for x in wl.runtime_s)
@@ -105,13 +110,14 @@ def _synthetic(wl: Synthetic, cal: Calibration, rng: np.random.Generator, nic: f
         w_res = Resources(float(rng.choice(wl.worker_cores)), mem, wl.gpus_per_worker)
         p_res = Resources(float(rng.choice(wl.ps_cores)), mem)
         runtime = math.exp(float(rng.uniform(lo, hi)))
-        batch = ZOO[model].batch
-        speed = request_speed(model, cal, batch, ps, workers, p_res, w_res, nic)
+        batch = models[model].batch
+        speed = request_speed(model, cal, batch, ps, workers, p_res, w_res, nic, models)
         jobs.append(TrainingJob(f"job-{k:05d}", model, t, runtime * speed, ps, workers, p_res, w_res, batch))
     return jobs
 
 
-def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Generator, nic: float) -> list[TrainingJob]:
+def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Generator, nic: float,
+           models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
     path = wl.pod_list
     cols = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "creation_time", "deletion_time", "scheduled_time"]
     pods = []
@@ -148,8 +154,8 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
         w_res = Resources(cpu / workers, mem / workers, gpu_each)
         p_res = Resources(wl.ps_cores, wl.ps_mem_gib * GIB)
         model = wl.models[int(rng.integers(len(wl.models)))]
-        batch = ZOO[model].batch
-        speed = request_speed(model, cal, batch, 1, workers, p_res, w_res, nic)
+        batch = models[model].batch
+        speed = request_speed(model, cal, batch, 1, workers, p_res, w_res, nic, models)
         jobs.append(TrainingJob(name, model, t, dur * speed, 1, workers, p_res, w_res, batch,
                                 max_workers=max(16, workers)))
     return jobs
@@ -158,7 +164,7 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
 JOBLIST_COLUMNS = ["id", "model", "arrival_s", "ps", "workers", "ps_cpu", "worker_cpu"]
 
 
-def read_joblist(path: Path, cal: Calibration, nic: float) -> list[TrainingJob]:
+def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
     """Generic job list (CSV or JSONL); see docs/scenarios.md for the columns."""
     jobs = []
     seen: set[str] = set()
@@ -169,8 +175,8 @@ def read_joblist(path: Path, cal: Calibration, nic: float) -> list[TrainingJob]:
             raise InputError(str(path), f"{where}, field id", "a unique, non-empty job id", jid)
         seen.add(jid)
         model = row["model"].strip()
-        if model not in ZOO:
-            raise InputError(str(path), f"{where}, field model", f"one of {', '.join(sorted(ZOO))}", model)
+        if model not in models:
+            raise InputError(str(path), f"{where}, field model", f"one of {', '.join(sorted(models))}", model)
         arrival = number(path, i, row, "arrival_s")
         ps = integer(path, i, row, "ps", minimum=1)
         workers = integer(path, i, row, "workers", minimum=1)
@@ -179,12 +185,12 @@ def read_joblist(path: Path, cal: Calibration, nic: float) -> list[TrainingJob]:
         w_res = Resources(number(path, i, row, "worker_cpu", strict=True),
                           number(path, i, row, "worker_mem_mib", default=4096.0),
                           number(path, i, row, "worker_gpu", default=0.0))
-        batch = integer(path, i, row, "batch", minimum=1, default=ZOO[model].batch)
+        batch = integer(path, i, row, "batch", minimum=1, default=models[model].batch)
         if row.get("samples", "").strip():
             samples = number(path, i, row, "samples", strict=True)
         elif row.get("duration_s", "").strip():
             dur = number(path, i, row, "duration_s", strict=True)
-            samples = dur * request_speed(model, cal, batch, ps, workers, p_res, w_res, nic)
+            samples = dur * request_speed(model, cal, batch, ps, workers, p_res, w_res, nic, models)
         else:
             raise InputError(str(path), f"{where}, field samples", "samples or duration_s (a number > 0)")
         jobs.append(TrainingJob(jid, model, arrival, samples, ps, workers, p_res, w_res, batch,

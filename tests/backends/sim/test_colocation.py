@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reamer.backends.sim import simulate
+from reamer.backends.sim.inference import cfs_split
 from reamer.config.scenario import parse_scenario
 from reamer.errors import InputError
 
@@ -46,15 +47,38 @@ def test_reamer_keeps_slo_and_stays_in_slack(tmp_path):
 RISING = "j1,resnet50,0,1,2,1,10,1,100000\nj2,mobilenet_v2,3630,1,1,1,25,1,100000\n"
 
 
-def test_naive_slows_training_when_its_need_rises(tmp_path):
+def test_naive_over_commits_when_training_arrives_and_inference_is_squeezed(tmp_path):
+    """j2 lands on the node naive filled: CPU is split by cpu.shares (training's request weighs
+    more), so naive's replicas run on fewer cores than their limits; reamer moves them first."""
     sc = scenario(tmp_path, RISING, peak=180)
     naive = simulate(sc, "static", harvest="naive").metrics
     reamer = simulate(sc, "static", harvest="reamer").metrics
-    assert naive["training_slowdown_pct"] > 5.0
     assert naive["over_slack_core_hours"] > 0.0
+    assert reamer["over_slack_core_hours"] == 0.0
     assert reamer["training_slowdown_pct"] < 1.0  # only until the next harvest round
     assert reamer["migrations"] >= 1  # inference moved away (make-before-break)
     assert reamer["slo_attainment_pct"] >= 99.9
+
+
+def test_cfs_split_both_sides_slow_by_weight():
+    assert cfs_split(10.0, 4.0, 4.0, 5.0, 5.0) == (4.0, 5.0)  # fits: everyone gets its demand
+    assert cfs_split(10.0, 4.0, 8.0, 8.0, 8.0) == (4.0, 6.0)  # training under its share: inference gets the rest
+    t, i = cfs_split(10.0, 9.0, 2.0, 8.0, 8.0)  # both over their shares: split 2:8
+    assert (t, i) == pytest.approx((2.0, 8.0))
+    t, i = cfs_split(10.0, 9.0, 5.0, 9.0, 5.0)
+    assert (t, i) == pytest.approx((5.0, 5.0))  # both slow
+    assert cfs_split(-1.0, 1.0, 1.0, 1.0, 1.0) == (0.0, 0.0)
+
+
+def test_contention_slows_training_when_inference_outweighs_it(tmp_path):
+    """A small-request job whose use rises next to big replicas: both sides slow."""
+    jobs = "j1,mobilenet_v2,0,1,1,1,4,1,100000\nj2,mobilenet_v2,1830,1,1,1,40,1,100000\n"
+    sc = scenario(tmp_path, jobs, peak=400, horizon=3600)
+    m = simulate(sc, "static", harvest="naive").metrics
+    assert m["over_slack_core_hours"] > 0.0
+    assert m["training_slowdown_pct"] > 5.0 and m["slo_attainment_pct"] < 99.0  # both sides lose
+    r = simulate(sc, "static", harvest="reamer").metrics
+    assert r["training_slowdown_pct"] < 1.0 and r["slo_attainment_pct"] >= 99.9  # inference moved first
 
 
 def test_dedicated_leaves_training_untouched(tmp_path):

@@ -60,7 +60,7 @@ def threads_for(cores: float) -> int:
     """Thread count for an allocation of ``cores`` CPUs: the quota rounded half up, at least 1.
 
     Rounding (not ``ceil``) keeps a quota of e.g. 1.2 cores from running 2 threads: a thread
-    over the quota costs more than the fraction it could use (bench/calibrate_cpu.py measured
+    over the quota costs more than the fraction it could use (``reamer calibrate`` measured
     1 core with 2 threads at 0.68 of 1 thread's speed). The speed model uses the same rule."""
     if not (cores > 0 and math.isfinite(cores)):
         raise ValueError(f"cores: expected a finite number > 0, got {cores!r}")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reamer.backends.local.cluster import LocalCluster
-from reamer.control import Policy, control_round
+from reamer.control import HarvestPolicy, JointHarvestBackend, Policy, control_round, joint_round
 from reamer.domain import ClusterSnapshot, JobState, Role
 from reamer.policies.diagnosis import diagnose
 
@@ -20,6 +20,7 @@ class RoundLog:
     bottlenecks: dict[str, str]  # job → diagnosis of the window
     shapes: dict[str, tuple[int, int, float]]  # job → (PS, workers, cores)
     decisions: list[str]
+    inference: dict[str, dict] = field(default_factory=dict)  # service → replicas, p99, rate
 
 
 @dataclass
@@ -41,15 +42,22 @@ def run_local(
     net_saturation: float = 0.8,
     on_round: Callable[[RoundLog], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    harvest: tuple[JointHarvestBackend, HarvestPolicy] | None = None,
+    done: Callable[[], bool] | None = None,
 ) -> LocalResult:
-    """Drive ``cluster`` with ``policy``. The diagnosis logged per round is the same pure
-    function NEARCHUS uses (thresholds given here), so runs of any policy can be compared."""
+    """Drive ``cluster`` with ``policy`` and, with ``harvest``, inference with its policy in
+    the same tick (:func:`reamer.control.joint_round`: inference yields before training grows).
+    Stops when every job is done (or ``done()`` says so) or after ``max_s``. The diagnosis
+    logged per round is the same pure function NEARCHUS uses (thresholds given here)."""
     res = LocalResult()
     start = cluster.now()
     next_t = start
     while True:
         now = cluster.now()
-        rnd = control_round(cluster, policy, now)
+        if harvest is None:
+            rnd, h = control_round(cluster, policy, now), None
+        else:
+            rnd, h = joint_round(cluster, policy, harvest[0], harvest[1], now)
         snap, decisions = rnd.snapshot, rnd.decisions
         assert isinstance(snap, ClusterSnapshot)
         log = RoundLog(
@@ -61,10 +69,17 @@ def run_local(
                     for v in snap.running},
             decisions=[_describe(d) for d in decisions],
         )
+        if h is not None:
+            log.decisions += [_describe(d) for d in h.decisions]
+            assert h.snapshot is not None
+            for sv in h.snapshot.services:  # type: ignore[union-attr]
+                log.inference[sv.id] = {"p99_ms": None if sv.observed_p99_s is None else sv.observed_p99_s * 1e3,
+                                        "rate": sv.predicted_rate_per_s,
+                                        "replicas": [(r.node, r.cores) for r in sv.replicas]}
         res.rounds.append(log)
         if on_round is not None:
             on_round(log)
-        if cluster.finished or now - start >= max_s:
+        if (done() if done is not None else cluster.finished) or now - start >= max_s:
             break
         next_t = max(next_t + interval_s, cluster.now())  # a slow round (a restart) skips ticks
         sleep(max(0.0, next_t - cluster.now()))

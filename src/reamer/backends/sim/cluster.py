@@ -7,7 +7,7 @@ model plus seeded multiplicative noise, so policies face noise as on real machin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -31,15 +31,11 @@ from reamer.domain import (
     StartJob,
     TrainingJob,
 )
-from reamer.domain.decisions import Placement
-from reamer.models.training import ZERO_STEP, Calibration, Side, Step, step
+from reamer.domain.decisions import InvalidDecision, Placement  # InvalidDecision: re-exported
+from reamer.models.training import ZERO_STEP, Calibration, ModelProfile, Side, Step, step
 from reamer.models.zoo import ZOO, gpu_factor
 
 NETWORKED = (Role.PS, Role.WORKER)
-
-
-class InvalidDecision(ValueError):
-    """A policy asked for something impossible (a bug in the policy, never ignored)."""
 
 
 @dataclass
@@ -90,8 +86,11 @@ class SimCluster:
         noise_pct: float = 0.0,
         telemetry_interval_s: float | None = None,
         restart_s: float = 0.0,
+        models: Mapping[str, ModelProfile] | None = None,
     ) -> None:
         self.nodes = tuple(nodes)
+        # training models by name (the calibrated profile's merged over the zoo; default the zoo)
+        self.models: Mapping[str, ModelProfile] = models if models is not None else ZOO
         self.node_by_name = {n.name: n for n in self.nodes}
         self.free: dict[str, Resources] = {n.name: n.capacity for n in self.nodes}
         # networked containers per node; insertion-ordered (not a set) so float sums are
@@ -184,7 +183,7 @@ class SimCluster:
 
     def _container_telemetry(self, j: _Job) -> dict[str, ContainerTelemetry]:
         st = j.step
-        prof = ZOO[j.spec.model]
+        prof = self.models[j.spec.model]
         bits = 8.0 * prof.param_bytes
         ws = [c for c in j.containers.values() if c.role is Role.WORKER]
         ps = [c for c in j.containers.values() if c.role is Role.PS]
@@ -402,7 +401,7 @@ class SimCluster:
             self.on_change(jid, eta, j.version)
 
     def _speed(self, j: _Job) -> Step:
-        prof = ZOO[j.spec.model]
+        prof = self.models[j.spec.model]
         if self.input_scale and j.spec.id in self.input_scale:
             prof = replace(prof, input_core_s_per_sample=prof.input_core_s_per_sample * self.input_scale[j.spec.id])
         workers, ps = [], []
@@ -453,7 +452,7 @@ class SimCluster:
             return 0.0
         t = st.t
         if c.role is Role.WORKER:
-            if c.res.gpu > 0 and ZOO[j.spec.model].gpu_samples_per_s > 0:
+            if c.res.gpu > 0 and self.models[j.spec.model].gpu_samples_per_s > 0:
                 return c.res.cpu * min(1.0, st.t_pipe / t) * (st.speed / j.base.speed if contended else 1.0)
             return c.res.cpu * st.worker_busy
         return c.res.cpu * st.ps_busy

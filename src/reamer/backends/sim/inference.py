@@ -29,16 +29,21 @@ once per window (``inference.interval_s``, default one minute). Model, per windo
   measurement and the ``need_percentile`` (p95) of the measurements over the last
   ``need_window_s`` (``training_need: usage``: a rise counts at once, a dip only once it
   lasts), or the
-  containers' CPU limits (``limits``: NEARCHUS's trimmed limits in the joint mode);
+  containers' CPU limits (``limits``); the limits are reported too (``training_limit``: training
+  can never take back more than them — NEARCHUS's trimmed limits in the joint mode);
   ``training_used`` is the last window's measured use (what Koordinator-style reclaiming
   reads). With ``need_variation`` > 0 every job's input-pipeline cost drifts (log-normal
   AR(1), redrawn each window *after* the round decided), so a policy always acts on the
   previous window's measurements.
-* **CPU contention.** Replicas run on their CPU limit. On a training node, when training's
-  CPU use (at uncontended speed) + the inference limits + the system reserve exceed the
-  node's cores, training gets the rest, share ``k = (cores − reserve − inference) / use``
-  of what it needs, and every job with a container there slows to ``k`` of its speed
-  (:meth:`SimCluster.set_contention`). ``training_slowdown_pct`` is ``100 × (1 − mean k)``
+* **CPU contention** (:meth:`SimInference.update_contention`). On a training node with
+  ``A = cores − system reserve``, training wants ``U`` cores (its use at uncontended speed,
+  weight = its containers' CPU as cpu.shares) and the replicas, while they serve, their
+  limits ``C`` (weight ``C``). When ``U + C > A`` the CPU is split by weighted max-min
+  fairness (:func:`cfs_split`, the CFS with cpu.shares), so *both* slow: the replicas' service
+  times stretch by ``C / C_got``; training gets ``U_got`` while inference is busy (share ``β``
+  of the window) and runs at ``k = 1 − β (1 − U_got / U)`` of its speed; every job with a
+  container there slows to ``k`` (:meth:`SimCluster.set_contention`).
+  ``training_slowdown_pct`` is ``100 × (1 − mean k)``
   over running jobs, integrated over time (job-seconds): the ratio of contended to
   uncontended speed measured in the same run (no second run needed: the uncontended step
   is kept beside the contended one).
@@ -91,7 +96,24 @@ GIB = 1024.0
 RHO_GRID = 0.01
 CORE_GRID = 0.05  # a replica's cores are rounded *down* to this grid for the latency lookups
 RHO_MAX = 0.97
-MISS_OK = 0.01 + 1e-12  # a window meets a p99 SLO when at most 1 % of its requests miss
+MISS_OK = 0.01 + 1e-12
+SLOW_MAX = 1000.0  # service-time stretch above which a replica is taken as stopped
+
+
+def cfs_split(avail: float, train_demand: float, train_weight: float, inf_demand: float,
+              inf_weight: float) -> tuple[float, float]:
+    """(training's cores, inference's cores) when both want ``*_demand`` of ``avail`` cores:
+    weighted max-min fairness with ``*_weight`` as cpu.shares (the CFS, work-conserving)."""
+    avail = max(0.0, avail)
+    if train_demand + inf_demand <= avail:
+        return train_demand, inf_demand
+    wt, wi = max(train_weight, 0.0), max(inf_weight, 0.0)
+    share_t = avail * wt / (wt + wi) if wt + wi > 0 else avail / 2.0
+    if train_demand <= share_t:
+        return train_demand, avail - train_demand
+    if inf_demand <= avail - share_t:
+        return avail - inf_demand, inf_demand
+    return share_t, avail - share_t  # a window meets a p99 SLO when at most 1 % of its requests miss
 
 
 @lru_cache(maxsize=65536)
@@ -198,6 +220,7 @@ class SimInference:
         self.totals = InferenceTotals()
         self.use_hist: dict[str, deque[float]] = {n.name: deque() for n in self.train_nodes}
         self.need_log: dict[str, float] = {}  # job id -> AR(1) state of its need variation
+        self.inference_slow: dict[str, float] = {}  # node -> service-time stretch from CPU contention
         self.series: dict[str, list[float]] = {
             "t": [], "harvested_cores": [], "pool_cores": [], "slo_ok_pct": [],
             # GPU training nodes' cores, stacked: training use, training allocation left
@@ -236,8 +259,9 @@ class SimInference:
             hist.append(self._training(n.name, False) * self._noise())
             while len(hist) > max(1, int(round(sec.need_window_s / self.interval_s))):
                 hist.popleft()
+            limits = sum(x.res.cpu for x in cont)
             if sec.training_need == "limits":
-                need = sum(x.res.cpu for x in cont)
+                need = limits
             else:
                 need = max(hist[-1], float(np.percentile(np.asarray(hist), sec.need_percentile)))
             request = 0.0
@@ -246,7 +270,7 @@ class SimInference:
                 request += (spec.worker_res if x.role.value == "worker" else spec.ps_res).cpu
             mem = sum(x.res.mem_mib for x in cont)
             usage[n.name] = NodeUsage(n.name, n.cores, sec.system_reserve_cores, need, request, now,
-                                      training_used=used, mem_used_mib=mem)
+                                      training_used=used, mem_used_mib=mem, training_limit=limits)
         m = self.window(now)
         services = []
         for s in self.services.values():
@@ -317,21 +341,73 @@ class SimInference:
         self.cluster.set_input_scale(scales, now)
 
     # ------------------------------------------------------------------ contention
+    def _busy_shares(self, m: int) -> dict[str, float]:
+        """Replica id -> share of the window its replica is busy (load ratio at its share of the
+        window's rate, uncontended, capped at 1), with the same capacity-weighted routing as
+        :meth:`serve`."""
+        out: dict[str, float] = {}
+        for s in self.services.values():
+            reps = list(s.replicas.values())
+            if not reps:
+                continue
+            rate = float(s.rates[min(m, len(s.rates) - 1)])
+            cores = [max(CORE_GRID, math.floor(r.cores / CORE_GRID + 1e-9) * CORE_GRID) for r in reps]
+            caps = [capacity_per_replica(s.profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_s)
+                    for r, c in zip(reps, cores, strict=True)]
+            total = sum(caps)
+            for r, c, cap in zip(reps, cores, caps, strict=True):
+                w = cap / total if total > 0 else 1.0 / len(reps)
+                sat = max_throughput_per_s(s.profile, c, r.max_batch)
+                out[r.id] = min(1.0, rate * w / sat) if sat > 0 else 1.0
+        return out
+
     def update_contention(self, now: float) -> None:
-        """Re-time training on nodes where inference over-commits the CPU (or interferes)."""
+        """Share each training node's CPU between training and the replicas there (CFS shares).
+
+        On a node with ``A = cores − system reserve``, training wants ``U`` cores (its use at
+        uncontended speed; weight: its containers' CPU, i.e. their requests as cpu.shares) and
+        the replicas, while they serve, want their limits ``C`` (weight ``C``). When ``U + C > A``
+        the CPU is split by weighted max-min fairness (what the Linux CFS does with cpu.shares
+        under a work-conserving scheduler): each side gets its weighted share, and a side that
+        needs less than its share leaves the rest to the other. Both can slow:
+
+        * inference, while busy, runs on ``C_got < C`` cores: its service times stretch by
+          ``C / C_got`` (the latency ``slowdown`` of :meth:`serve`);
+        * training gets ``U_got < U`` cores while inference is busy — the capacity-weighted busy
+          share ``β`` of the replicas at the window's rate (stretched by the same factor, at most
+          1) — and ``U`` otherwise, so it runs at ``k = 1 − β (1 − U_got / U)`` of its speed.
+
+        Replicas on one node are taken as busy together (conservative for inference).
+        Interference (coefficients, default 0) multiplies on top.
+        """
         sec = self.sec
-        inf = self.inference_cores()
-        factors = {}
+        m = min(self.window(now), self.windows - 1)
+        busy = self._busy_shares(m)
+        per_node: dict[str, list[Replica]] = {}
+        for s in self.services.values():
+            for r in s.replicas.values():
+                per_node.setdefault(r.node, []).append(r)
+        factors: dict[str, float] = {}
+        slow: dict[str, float] = {}
         for n in self.train_nodes:
-            cores_inf = inf.get(n.name, 0.0)
+            reps = per_node.get(n.name, [])
+            cores_inf = sum(r.cores for r in reps)
             if cores_inf <= 0:
                 continue
             use = self._training(n.name, False)
-            avail = n.cores - sec.system_reserve_cores - cores_inf
-            k = 1.0 if use <= avail else max(0.0, avail) / use
+            weight = sum(x.res.cpu for x in self.cluster.containers_on(n.name))
+            got_t, got_i = cfs_split(n.cores - sec.system_reserve_cores, use, weight, cores_inf, cores_inf)
+            s_inf = cores_inf / got_i if got_i > 0 else math.inf
+            k = 1.0
+            if use > 0 and got_t < use:
+                beta = min(1.0, sum(r.cores * busy.get(r.id, 1.0) for r in reps) / cores_inf * s_inf)
+                k = 1.0 - beta * (1.0 - got_t / use)
             k /= 1.0 + sec.training_interference * cores_inf / n.cores
             if k < 1.0:
                 factors[n.name] = k
+            if s_inf > 1.0:
+                slow[n.name] = s_inf
+        self.inference_slow = slow
         self.cluster.set_contention(factors, now)
 
     # ------------------------------------------------------------------ serve one window
@@ -357,7 +433,8 @@ class SimInference:
             if reps:
                 miss, worst = 0.0, 0.0
                 for r, c, w in zip(reps, cores, weights, strict=True):
-                    slow = round(1.0 + sec.inference_interference * load.get(r.node, 0.0), 3)
+                    slow = (1.0 + sec.inference_interference * load.get(r.node, 0.0)) * self.inference_slow.get(r.node, 1.0)
+                    slow = min(round(slow, 3), SLOW_MAX)
                     sat = max_throughput_per_s(s.profile, c, r.max_batch, slow)
                     rho = rate * w / sat
                     rho_q = min(int(math.ceil(rho / RHO_GRID - 1e-9)), int(RHO_MAX / RHO_GRID) + 1)

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -17,7 +18,8 @@ from reamer.config.scenario import Scenario
 from reamer.control import HarvestPolicy, Policy, control_round, harvest_round
 from reamer.domain import JobState, TrainingJob
 from reamer.errors import InputError
-from reamer.models.training import Calibration, load_calibration
+from reamer.models.profiles import Interference, Profiles, load_profiles
+from reamer.models.training import Calibration
 from reamer.policies import make_policy
 from reamer.policies.harvest_baselines import HARVEST_POLICIES, make_harvest_policy
 from reamer.workloads import build_jobs, build_nodes
@@ -69,6 +71,7 @@ def simulate(
     jobs: list[TrainingJob] | None = None,
     track: int = 0,
     harvest: str | HarvestPolicy | None = None,
+    profiles: Profiles | None = None,
 ) -> RunResult:
     """Run one scenario under one policy. Deterministic for ``sc.seed``.
 
@@ -79,27 +82,34 @@ def simulate(
 
     ``progress(done, total)`` is called as jobs finish; ``track`` keeps allocation timelines
     (time, PS, workers, cores) of that many jobs (the first to arrive) for the report.
+
+    ``profiles`` (default: the shipped calibrated profile, :func:`reamer.models.profiles.load_profiles`)
+    gives the machine constants (unless ``cal`` is passed), the training models (measured ones
+    merged over the zoo), the inference service-time profiles and the interference coefficients
+    (used where the scenario's ``inference:`` section does not set them).
     """
     wall0 = time.perf_counter()
-    cal = cal or load_calibration()
+    prof = profiles if profiles is not None else _shipped_profiles()
+    cal = cal or prof.calibration
+    sc = _with_interference(sc, prof.interference)
     ss = np.random.SeedSequence(sc.seed)
     rng_workload, rng_noise, rng_policy = (np.random.default_rng(s) for s in ss.spawn(3))
     nodes = build_nodes(sc)
     if jobs is None:
-        jobs = build_jobs(sc, nodes, cal, rng_workload)
+        jobs = build_jobs(sc, nodes, cal, rng_workload, prof.models)
     if isinstance(policy, str):
         policy = make_policy(policy, sc.policy.options.get(policy), rng_policy, sc.policy.interval_s, sc.source)
 
     q = EventQueue()
     cluster = SimCluster(nodes, cal, rng_noise, lambda jid, t, v: q.push(t, Ev.COMPLETION, (jid, v)),
-                         sc.policy.telemetry_noise_pct, policy.interval_s, sc.cluster.restart_s)
+                         sc.policy.telemetry_noise_pct, policy.interval_s, sc.cluster.restart_s, prof.models)
     for spec in jobs:
         q.push(spec.arrival_s, Ev.ARRIVAL, spec)
     inf: SimInference | None = None
     hpolicy: HarvestPolicy | None = None
     if sc.inference is not None:
-        inf = SimInference(sc, cluster, np.random.default_rng(ss.spawn(1)[0]))
-        hpolicy = _harvest_policy(sc, harvest)
+        inf = SimInference(sc, cluster, np.random.default_rng(ss.spawn(1)[0]), profiles=dict(prof.inference))
+        hpolicy = _harvest_policy(sc, harvest, prof)
         q.push(0.0, Ev.HARVEST)
     elif harvest is not None:
         raise ValueError("a harvesting policy needs a scenario with an inference: section")
@@ -177,7 +187,22 @@ def simulate(
     return RunResult(sc.name, name, sc.seed, records, unfinished, metrics, series, timelines, inf_series)
 
 
-def _harvest_policy(sc: Scenario, harvest: str | HarvestPolicy | None) -> HarvestPolicy:
+@lru_cache(maxsize=1)
+def _shipped_profiles() -> Profiles:
+    return load_profiles()
+
+
+def _with_interference(sc: Scenario, inter: Interference | None) -> Scenario:
+    """The profile's interference coefficients where the scenario's inference section leaves them unset."""
+    sec = sc.inference
+    if sec is None or inter is None:
+        return sc
+    update = {k: v for k, v in (("training_interference", inter.training), ("inference_interference", inter.inference))
+              if k not in sec.model_fields_set}  # fmt: skip
+    return sc.model_copy(update={"inference": sec.model_copy(update=update)}) if update else sc
+
+
+def _harvest_policy(sc: Scenario, harvest: str | HarvestPolicy | None, prof: Profiles) -> HarvestPolicy:
     assert sc.inference is not None
     if harvest is None:
         harvest = "reamer"
@@ -185,7 +210,8 @@ def _harvest_policy(sc: Scenario, harvest: str | HarvestPolicy | None) -> Harves
         return harvest
     if harvest not in HARVEST_POLICIES:
         raise InputError(sc.source, "harvest policy", f"one of {', '.join(HARVEST_POLICIES)}", harvest)
-    return make_harvest_policy(harvest, sc.policy.options.get(harvest), sc.inference.interval_s, source=sc.source)
+    return make_harvest_policy(harvest, sc.policy.options.get(harvest), sc.inference.interval_s,
+                               profiles=prof.inference, source=sc.source)
 
 
 def _record(series: dict[str, list[float]], c: SimCluster, now: float) -> None:

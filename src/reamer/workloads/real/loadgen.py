@@ -103,8 +103,12 @@ def run_load(
     method: str = "POST",
     max_inflight: int = 64,
     timeout_s: float = 10.0,
+    window_s: float = 0.0,
+    on_window: Any = None,
 ) -> dict[str, Any]:
-    """Run the schedule against ``url`` and return the report."""
+    """Run the schedule against ``url`` and return the report. With ``window_s`` > 0,
+    ``on_window(report)`` gets, every ``window_s``, the requests completed in that window:
+    count, errors, p50/p99 latency (what a monitoring system sees per window)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"url: expected http://HOST[:PORT]/PATH, got {url!r}")
@@ -136,13 +140,34 @@ def run_load(
                 if 200 <= status < 300:
                     latencies.append(now - (t0 + due))
                     done_at.append(now - t0)
+                    win_lat.append(now - (t0 + due))
                 else:
                     errors[str(status)] = errors.get(str(status), 0) + 1
+                    win_err[0] += 1
         except (OSError, http.client.HTTPException) as e:
             with lock:
                 errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+                win_err[0] += 1
+
+    win_lat: list[float] = []
+    win_err = [0]
+    finished = threading.Event()
+
+    def reporter() -> None:
+        k = 0
+        while not finished.wait(max(0.0, t0 + (k + 1) * window_s - time.perf_counter())):
+            k += 1
+            with lock:
+                lat_w, err_w = sorted(win_lat), win_err[0]
+                win_lat.clear()
+                win_err[0] = 0
+            ms = lambda v: None if v is None else round(v * 1e3, 3)  # noqa: E731
+            on_window({"event": "window", "window": k, "t_end_s": round(k * window_s, 3), "ok": len(lat_w),
+                       "errors": err_w, "p50_ms": ms(percentile(lat_w, 50)), "p99_ms": ms(percentile(lat_w, 99))})
 
     t0 = time.perf_counter()
+    if window_s > 0 and on_window is not None:
+        threading.Thread(target=reporter, daemon=True, name="loadgen-windows").start()
 
     def sender() -> None:
         while True:
@@ -168,10 +193,12 @@ def run_load(
             work.put(None)
         for th in pool:
             th.join(timeout=timeout_s + 5.0)
+        finished.set()
     window = max(duration_s if max_requests is None or len(arrivals) < max_requests else arrivals[-1], 1e-9)
     lat = sorted(latencies)
     ms = lambda v: None if v is None else round(v * 1e3, 3)  # noqa: E731
     return {
+        "event": "done",
         "url": url,
         "seed": seed,
         "target_rate": round(sum(rates) / len(rates), 3) if len(rates) > 1 else rates[0],
@@ -208,13 +235,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--payload-file", default=None, help="request body (default: one random 3x32x32 float32 sample)")
     ap.add_argument("--content-type", default="application/octet-stream")
     ap.add_argument("--method", default="POST", choices=["GET", "POST"])
+    ap.add_argument("--window-s", type=float, default=0.0,
+                    help="also print one JSON line per window of this many seconds (completed requests, p99)")
     a = ap.parse_args(argv)
     rates = [a.rate] if a.rate is not None else [float(r) for r in a.rates.split(",") if r.strip()]
     duration = a.duration if a.duration is not None else (len(rates) * a.interval if a.rates else 10.0)
     payload = open(a.payload_file, "rb").read() if a.payload_file else None  # noqa: SIM115
     report = run_load(a.url, rates=rates, interval_s=a.interval, duration_s=duration, max_requests=a.max_requests,
                       seed=a.seed, payload=payload, content_type=a.content_type, method=a.method,
-                      max_inflight=a.max_inflight, timeout_s=a.timeout)
+                      max_inflight=a.max_inflight, timeout_s=a.timeout, window_s=a.window_s,
+                      on_window=lambda w: print(json.dumps(w), flush=True))
     print(json.dumps(report), flush=True)
     return 0 if report["ok"] > 0 or report["sent"] == 0 else 1
 

@@ -1,0 +1,72 @@
+"""The real half of ``reamer demo`` (and ``reamer local``): one local scenario run for real,
+shown round by round, summarized in a table and an HTML report."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from reamer.backends.local.run import RoundLog
+from reamer.backends.local.session import run_scenario
+from reamer.config.local import LocalScenario
+from reamer.errors import InputError
+from reamer.models.profiles import Profiles
+from reamer.reports.local import phases, summarize, write_local_report
+
+
+def _round_line(r: RoundLog) -> str:
+    parts = [f"t={r.t:6.1f}s"]
+    for job, shape in r.shapes.items():
+        sp = r.speeds.get(job)
+        parts.append(f"{job}: {shape[0]} PS {shape[1]} w {shape[2]:g} cores"
+                     + (f", {sp:.1f} samples/s, {r.bottlenecks.get(job)}" if sp is not None else ", starting"))
+    for sid, s in r.inference.items():
+        reps = " ".join(f"{n}:{c:g}" for n, c in s["replicas"]) or "-"
+        p99 = f"{s['p99_ms']:.0f} ms" if s["p99_ms"] is not None else "-"
+        parts.append(f"{sid}: p99 {p99} [{reps}]")
+    if r.decisions:
+        parts.append("→ " + "; ".join(d.split(" ", 1)[0] for d in r.decisions))
+    return " | ".join(parts)
+
+
+def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Console, report: Path) -> dict[str, float]:
+    """Run ``sc`` for real; Ctrl-C or SIGTERM stop it and still remove everything."""
+    missing = [s.model for s in sc.services if s.model not in profiles.inference]
+    if missing:
+        raise InputError("profiles", "inference", f"a service-time profile for {missing[0]} (run: reamer calibrate)")
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        console.print(f"[bold]real run[/bold]: {sc.name} ({len(sc.hosts)} testbed hosts, "
+                      f"{len(sc.jobs)} training job(s), {len(sc.services)} service(s); up to {sc.max_s:g} s)")
+        run = run_scenario(sc, profiles, on_round=lambda r: console.print(_round_line(r), highlight=False))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    slo = {s.id: s.slo_p99_ms for s in sc.services}
+    if run.swept:
+        console.print(f"removed leftovers of an earlier run: {', '.join(run.swept)}")
+    t = Table(title=f"Reamer demo: {sc.name} (real processes, cgroups, network namespaces)")
+    for col in ("job", "PS", "workers", "from (s)", "rounds", "speed (samples/s)", "diagnosed"):
+        t.add_column(col, justify="left" if col in ("job", "diagnosed") else "right")
+    for job in sorted(run.result.jct_s) or [j.id for j in sc.jobs]:
+        for p in phases(run, job):
+            t.add_row(job, str(p["ps"]), str(p["workers"]), f"{p['t0']:.0f}", str(p["rounds"]),
+                      "-" if p["speed"] is None else f"{p['speed']:.1f}", str(p["bottleneck"]))
+    out.print(t)
+    metrics = summarize(run, slo)
+    m = Table(title="Reamer demo: real run summary")
+    m.add_column("metric")
+    m.add_column("value", justify="right")
+    for k, v in metrics.items():
+        m.add_row(k, f"{v:,.2f}")
+    out.print(m)
+    write_local_report(report, f"Reamer demo: {sc.name} (real run)", run, slo)
+    out.print(f"HTML report (real run): {report.resolve()}")
+    return metrics
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

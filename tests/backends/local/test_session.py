@@ -1,0 +1,132 @@
+"""Real runs of the local backend (issue 5): NEARCHUS drives real PS training through the one
+backend interface; nothing is left behind after a run, after Ctrl-C, or after ``kill -9`` of
+the controller followed by the startup sweep. Root, cgroups, iproute2, torch needed: skipped
+with the reason elsewhere."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reamer.backends.local import session
+from reamer.backends.local.cgroups import CgroupExecutor
+from reamer.backends.local.netns import list_namespaces
+from reamer.config.local import parse_local
+from reamer.models.profiles import load_profiles
+from reamer.reports.local import phases
+
+pytestmark = [pytest.mark.privileged, pytest.mark.slow]
+
+SCENARIO = {
+    "name": "test-local",
+    "seed": 1,
+    "max_s": 150,
+    "hosts": [{"name": "ps-a", "cores": 1.0, "cpus": [0], "link_mbit": 5},
+              {"name": "trainer", "cores": 2.0},
+              {"name": "ps-b", "cores": 1.0, "cpus": [0], "link_mbit": 5}],
+    "jobs": [{"id": "j1", "model": "resnet_narrow", "samples": 2000, "ps": 1, "workers": 1, "ps_cores": 1.0,
+              "worker_cores": 1.0, "max_ps": 2, "max_workers": 1}],
+    "policy": {"training": "nearchus", "harvest": None, "interval_s": 3, "options": {"nearchus": {"block_s": 60}}},
+}
+
+
+def _need_local() -> None:
+    reason = session.unavailable()
+    if reason is not None:
+        pytest.skip(f"no real local run here: {reason}")
+
+
+def _workload_pids() -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"reamer.workloads.real" in cmd:
+                out.append(int(d.name))
+    return out
+
+
+def _left() -> tuple[list[str], list[str], list[int]]:
+    ex = CgroupExecutor(session.CGROUP_ROOT, prefix=session.CGROUP_PREFIX, controllers=("cpu", "cpuset"))
+    ns = [n for n in list_namespaces() if n.startswith(session.NETNS_PREFIX + "-")]
+    return ex.list_owned(), ns, _workload_pids()
+
+
+def test_nearchus_adds_a_ps_to_a_network_bound_real_job_and_speed_rises():
+    _need_local()
+    run = session.run_scenario(parse_local(SCENARIO, "test"), load_profiles(None))
+    ph = phases(run, "j1")
+    assert run.result.unfinished == 0, ph
+    first = ph[0]
+    assert (first["ps"], first["bottleneck"]) == (1, "network"), ph
+    grown = [p for p in ph if p["ps"] == 2 and p["speed"] is not None]
+    assert grown, f"NEARCHUS never added a PS: {ph}"
+    assert grown[0]["speed"] > 1.3 * first["speed"], ph
+    assert run.result.restarts_s and all(r > 0 for r in run.result.restarts_s)
+    assert _left() == ([], [], [])
+
+
+def _controller(tmp_path: Path) -> subprocess.Popen:
+    sc = {**SCENARIO, "jobs": [{**SCENARIO["jobs"][0], "samples": 10**6}], "max_s": 120}
+    path = tmp_path / "sc.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    return subprocess.Popen([sys.executable, "-m", "reamer.cli.main", "local", str(path),
+                             "--report", str(tmp_path / "r.html")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+
+
+def _wait_running(tmp_path: Path, p: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        owned, ns, pids = _left()
+        if len(owned) >= 2 and len(pids) >= 2:
+            time.sleep(1.0)
+            return
+        assert p.poll() is None, p.stdout.read() if p.stdout else ""
+        time.sleep(0.5)
+    raise AssertionError("the controller never started the job")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_controller_leaves_nothing(tmp_path, sig):
+    _need_local()
+    assert _left() == ([], [], [])
+    p = _controller(tmp_path)
+    try:
+        _wait_running(tmp_path, p)
+        p.send_signal(sig)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert _left() == ([], [], [])
+
+
+def test_kill_9_then_the_startup_sweep_removes_everything(tmp_path):
+    _need_local()
+    p = _controller(tmp_path)
+    try:
+        _wait_running(tmp_path, p)
+        p.kill()
+        p.wait(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    owned, ns, pids = _left()
+    assert owned and ns and pids  # a crash leaves things behind ...
+    removed = session.sweep_leftovers()  # ... which the next run's first step removes
+    assert set(owned) <= set(removed) and set(ns) <= set(removed)
+    time.sleep(0.5)
+    assert _left() == ([], [], [])
