@@ -52,7 +52,7 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
     for col in ("job", "PS", "workers", "from (s)", "rounds", "speed (samples/s)", "diagnosed"):
         t.add_column(col, justify="left" if col in ("job", "diagnosed") else "right")
     for job in sorted(run.result.jct_s) or [j.id for j in sc.jobs]:
-        for p in phases(run, job):
+        for p in phases(run.result.rounds, job):
             t.add_row(job, str(p["ps"]), str(p["workers"]), f"{p['t0']:.0f}", str(p["rounds"]),
                       "-" if p["speed"] is None else f"{p['speed']:.1f}", str(p["bottleneck"]))
     out.print(t)

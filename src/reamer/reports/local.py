@@ -16,12 +16,13 @@ from plotly.subplots import make_subplots
 from reamer.reports.results import write_atomic
 
 
-def phases(run: Any, job: str) -> list[dict[str, Any]]:
-    """The job's consecutive rounds with one shape (PS, workers): mean measured speed over
-    them (the first measured round after a change is left out: it straddles the restart),
-    and the bottleneck diagnosed most often."""
+def phases(rounds: Any, job: str) -> list[dict[str, Any]]:
+    """The job's consecutive rounds (:class:`RoundLog`-like: ``t``, ``shapes``, ``speeds``,
+    ``bottlenecks``) with one shape (PS, workers): mean measured speed over them (the first
+    measured round after a change is left out: it straddles the restart), and the
+    bottleneck diagnosed most often."""
     out: list[dict[str, Any]] = []
-    for r in run.result.rounds:
+    for r in rounds:
         shape = r.shapes.get(job)
         if shape is None:
             continue

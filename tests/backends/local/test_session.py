@@ -65,7 +65,7 @@ def _left() -> tuple[list[str], list[str], list[int]]:
 def test_nearchus_adds_a_ps_to_a_network_bound_real_job_and_speed_rises():
     _need_local()
     run = session.run_scenario(parse_local(SCENARIO, "test"), load_profiles(None))
-    ph = phases(run, "j1")
+    ph = phases(run.result.rounds, "j1")
     assert run.result.unfinished == 0, ph
     first = ph[0]
     assert (first["ps"], first["bottleneck"]) == (1, "network"), ph

@@ -1,0 +1,182 @@
+"""Does the simulator predict reality? The same small scenario run for real (local backend:
+testbed hosts, cgroups, real PS training over tc-limited links, the ONNX Runtime server
+under open-loop load) and simulated with the calibrated profile.
+
+    python bench/sim_vs_real.py --json OUT [--scenario local.yaml] [--profiles profiles.json]
+
+Both sides run the same ``nearchus`` policy module on the same job. Compared, per shape the
+job had (PS, workers): mean measured training speed (first round after a change left out)
+and the bottleneck NEARCHUS diagnosed; for the service (one fixed replica, so both sides
+serve with the same shape): p99 latency over the run, and per one-window.
+
+Simulated side: :func:`reamer.backends.sim.simulate` with the scenario's hosts as nodes
+(link limit = NIC), the job, the measured restart time of the real run, and a recorder
+around the policy; the replica by :func:`reamer.models.inference.simulate_replica`
+(request level, the same rate trace, the calibrated service time, slowed by the profile's
+interference coefficient × the simulated training CPU use on its node).
+
+Metrics: ``speed_error_pct`` (the first shape), ``speed_error_after_pct`` (the shape after
+NEARCHUS's change, when both sides made it), ``p99_error_pct``, ``bottleneck_match`` (1/0,
+first shape), plus the real and simulated values. Needs root and writable cgroups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from reamer.backends.local.session import run_scenario, training_jobs, unavailable
+from reamer.backends.sim import simulate
+from reamer.config.local import LocalScenario, load_local
+from reamer.config.scenario import parse_scenario
+from reamer.domain import ClusterSnapshot, Role
+from reamer.models.inference import arrivals_for_rates, simulate_replica
+from reamer.models.profiles import Profiles, load_profiles
+from reamer.policies import make_policy
+from reamer.policies.diagnosis import diagnose
+from reamer.reports.local import phases
+from reamer.reports.results import document, run_entry, write_json
+
+console = Console(stderr=True)
+
+
+@dataclass
+class SimRound:
+    t: float
+    speeds: dict
+    bottlenecks: dict
+    shapes: dict
+    node_cpu: dict  # node → training CPU used (cores)
+
+
+class Recorder:
+    """Wraps a policy: records what it saw each round (speed, diagnosis, shape), decides as it."""
+
+    def __init__(self, inner, cpu_sat: float, net_sat: float):
+        self.inner, self.name, self.interval_s = inner, inner.name, inner.interval_s
+        self.cpu_sat, self.net_sat = cpu_sat, net_sat
+        self.rounds: list[SimRound] = []
+
+    def decide(self, snap: ClusterSnapshot):
+        if snap.telemetry:
+            node_cpu: dict[str, float] = {}
+            for v in snap.running:
+                tel = snap.telemetry.get(v.id)
+                for c in v.containers:
+                    if tel is not None and c.id in tel.containers:
+                        node_cpu[c.node] = node_cpu.get(c.node, 0.0) + tel.containers[c.id].cpu_used
+            self.rounds.append(SimRound(
+                snap.now, {j: t.speed for j, t in snap.telemetry.items()},
+                {v.id: diagnose(v, snap.telemetry[v.id], self.cpu_sat, self.net_sat).bottleneck
+                 for v in snap.running if v.id in snap.telemetry},
+                {v.id: (len(v.of_role(Role.PS)), len(v.of_role(Role.WORKER)), v.allocated.cpu) for v in snap.running},
+                node_cpu))
+        return self.inner.decide(snap)
+
+
+def sim_training(sc: LocalScenario, prof: Profiles, restart_s: float) -> Recorder:
+    pools = [{"name": h.name, "count": 1, "cores": h.cores, "mem_gib": h.mem_gib,
+              "nic_gbps": h.link_mbit / 1e3 if h.link_mbit else h.nic_gbps} for h in sc.hosts]
+    ssc = parse_scenario({"name": f"{sc.name}-sim", "seed": sc.seed,
+                          "cluster": {"node_pools": pools, "restart_s": restart_s},
+                          "policy": {"interval_s": sc.policy.interval_s, "options": sc.policy.options}}, "sim_vs_real")
+    opts = sc.policy.options.get(sc.policy.training) or {}
+    inner = make_policy(sc.policy.training, opts, interval_s=sc.policy.interval_s, source="sim_vs_real")
+    cfg = getattr(inner, "cfg", None)
+    rec = Recorder(inner, getattr(cfg, "cpu_saturation", 0.85), getattr(cfg, "net_saturation", 0.8))
+    simulate(ssc, rec, jobs=training_jobs(sc), profiles=prof)
+    return rec
+
+
+def pct_err(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or real == 0:
+        return None
+    return 100.0 * abs(sim - real) / real
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--scenario", type=Path, default=None, help="local scenario YAML (default: the embedded one)")
+    ap.add_argument("--profiles", type=Path, default=None, help="calibrated profile (default: the shipped one)")
+    ap.add_argument("--replica-cores", type=float, default=1.0)
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--max-wait-ms", type=float, default=0.0)
+    a = ap.parse_args()
+    reason = unavailable()
+    if reason is not None:
+        print(f"sim_vs_real: skipped: {reason}", file=sys.stderr)
+        return 2
+    sc = load_local(a.scenario)
+    prof = load_profiles(a.profiles)
+    svc = sc.services[0] if sc.services else None
+    if svc is not None and svc.model not in prof.inference:
+        print(f"sim_vs_real: {a.profiles or 'shipped profile'}: no inference profile for {svc.model} "
+              "(run: reamer calibrate)", file=sys.stderr)
+        return 2
+    host = max(sc.hosts, key=lambda h: h.cores).name
+    fixed = [(svc.id, host, a.replica_cores, a.max_batch, a.max_wait_ms / 1e3)] if svc else None
+
+    console.print("real run …")
+    real = run_scenario(sc, prof, fixed_replicas=fixed,
+                        on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} {r.shapes}",
+                                                         highlight=False))
+    restart = statistics.fmean(real.result.restarts_s) if real.result.restarts_s else 0.0
+    console.print(f"simulated run (restart_s = {restart:.1f} s, measured) …")
+    rec = sim_training(sc, prof, restart)
+
+    job = sc.jobs[0].id
+    rp, sp = phases(real.result.rounds, job), phases(rec.rounds, job)
+    m: dict[str, float] = {"restart_s": restart}
+    for side, ph in (("real", rp), ("sim", sp)):
+        for i, p in enumerate(ph[:2]):
+            tag = "" if i == 0 else "_after"
+            m[f"{side}_speed{tag}_per_s"] = p["speed"] if p["speed"] is not None else float("nan")
+            m[f"{side}_ps{tag}"] = p["ps"]
+        m[f"{side}_ps_added"] = float(any(p["ps"] > ph[0]["ps"] for p in ph)) if ph else 0.0
+    e0 = pct_err(sp[0]["speed"] if sp else None, rp[0]["speed"] if rp else None)
+    if e0 is not None:
+        m["speed_error_pct"] = e0
+    if len(rp) > 1 and len(sp) > 1 and rp[1]["ps"] == sp[1]["ps"]:
+        e1 = pct_err(sp[1]["speed"], rp[1]["speed"])
+        if e1 is not None:
+            m["speed_error_after_pct"] = e1
+    bm = rp and sp and rp[0]["bottleneck"] == sp[0]["bottleneck"]
+    m["bottleneck_match"] = 1.0 if bm else 0.0
+    labels = {"real_bottleneck": rp[0]["bottleneck"] if rp else None, "sim_bottleneck": sp[0]["bottleneck"] if sp else None}
+
+    if svc is not None:
+        rep = real.load_reports.get(svc.id, {})
+        real_p99 = rep.get("latency_ms", {}).get("p99")
+        node_cpu = [r.node_cpu.get(host, 0.0) for r in rec.rounds] or [0.0]
+        node = next(h for h in sc.hosts if h.name == host)
+        slow = 1.0 + prof.interference.inference * statistics.fmean(node_cpu) / node.cores
+        rng = np.random.default_rng(sc.seed)
+        arr = arrivals_for_rates(svc.rates, svc.window_s, rng)
+        lat = simulate_replica(arr, prof.inference[svc.model], a.replica_cores, a.max_batch, a.max_wait_ms / 1e3, slow)
+        sim_p99 = float(np.percentile(lat, 99)) * 1e3
+        m.update({"real_p99_ms": real_p99 if real_p99 is not None else float("nan"), "sim_p99_ms": sim_p99,
+                  "sim_inference_slowdown_ratio": slow, "real_requests": float(rep.get("ok", 0)),
+                  "real_errors": float(sum(rep.get("errors", {}).values()))})
+        e = pct_err(sim_p99, real_p99)
+        if e is not None:
+            m["p99_error_pct"] = e
+    ratios = {k: m[k] for k in ("speed_error_pct", "speed_error_after_pct", "p99_error_pct", "bottleneck_match")
+              if k in m}
+    doc = document("sim_vs_real", [run_entry(sc.name, sc.seed, f"{sc.policy.training} real vs sim", m,
+                                             {"replica_cores": a.replica_cores, "max_batch": a.max_batch,
+                                              "max_wait_ms": a.max_wait_ms, "host": host, **labels})], ratios)
+    write_json(a.json, doc)
+    print(json.dumps({"metrics": m, **labels, "real_phases": rp, "sim_phases": sp}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
