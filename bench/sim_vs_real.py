@@ -9,6 +9,12 @@ job had (PS, workers): mean measured training speed (first round after a change 
 and the bottleneck NEARCHUS diagnosed; for the service (one fixed replica, so both sides
 serve with the same shape): p99 latency over the run, and per one-window.
 
+The served model's service time and serving path are measured right before and right after
+the real run (``reamer.calibration.inference`` / ``serving``; their mean is used): this VM's
+speed drifts by tens of percent over minutes (the same ONNX Runtime call took 4.6-7.6 ms
+within 30 s here). ``--replica-cpus`` / ``--apparatus-cpus`` keep the measuring apparatus
+(controller, router, load generator) off the replica's CPU.
+
 Simulated side: :func:`reamer.backends.sim.simulate` with the scenario's hosts as nodes
 (link limit = NIC), the job, the measured restart time of the real run, and a recorder
 around the policy; the replica by :func:`reamer.models.inference.simulate_replica`
@@ -95,6 +101,43 @@ def sim_training(sc: LocalScenario, prof: Profiles, restart_s: float) -> Recorde
     return rec
 
 
+def with_service(prof: Profiles, model: str, entries: list[dict]) -> Profiles:
+    """The profile with ``model``'s inference entry = the mean of ``entries`` (measured before
+    and after the real run: the VM's speed drifts, the mean brackets the run)."""
+    import dataclasses
+
+    from reamer.models.profiles import InferenceEntry, inference_profile
+
+    keys = ("a_ms", "b_ms", "parallel_fraction", "request_ms", "delay_ms")
+    entry = {**entries[0], **{k: statistics.fmean(e[k] for e in entries) for k in keys}}
+    measured = {**prof.inference, model: inference_profile(model, InferenceEntry.model_validate(entry))}
+    return dataclasses.replace(prof, inference=measured)
+
+
+def calibrate_service(model: str) -> dict:
+    """``model``'s inference entry measured now: ONNX Runtime fit at 1 and 2 cores, then the
+    serving path through the real server."""
+    import os
+    import tempfile
+
+    from reamer.calibration import inference, serving
+    from reamer.calibration.worker import open_cgroups
+
+    ex, reason = open_cgroups()
+    if ex is None:
+        raise SystemExit(f"sim_vs_real: {reason}")
+    try:
+        with tempfile.TemporaryDirectory(prefix="reamer-svr-") as tmp:
+            console.print(f"calibrating {model} (service time, serving path) …")
+            entry = inference.measure(model, [1, 2] if (os.cpu_count() or 1) >= 2 else [1], True, Path(tmp), lambda: None)
+            entry.update(serving.measure(ex, model, entry, os.cpu_count() or 1, 200, Path(tmp), lambda: None))
+    finally:
+        ex.sweep()
+    console.print(f"  {model}: a {entry['a_ms']} ms, b {entry['b_ms']} ms, f {entry['parallel_fraction']}, "
+                  f"request {entry['request_ms']} ms, delay {entry['delay_ms']} ms")
+    return entry
+
+
 def pct_err(sim: float | None, real: float | None) -> float | None:
     if sim is None or real is None or real == 0:
         return None
@@ -109,25 +152,43 @@ def main() -> int:
     ap.add_argument("--replica-cores", type=float, default=1.0)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-wait-ms", type=float, default=0.0)
+    ap.add_argument("--replica-cpus", default=None, help="pin the replica to these CPUs, e.g. 1 (default: its node's)")
+    ap.add_argument("--apparatus-cpus", default=None,
+                    help="pin this controller, the router and the load generator to these CPUs, e.g. 0")
+    ap.add_argument("--no-calibrate", action="store_true",
+                    help="use the profile's service time as is (default: measure the served model's service time "
+                         "and serving path right before the real run: this VM's speed drifts by tens of percent)")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="requests/s in every window instead of the scenario's trace (same number of windows)")
     a = ap.parse_args()
     reason = unavailable()
     if reason is not None:
         print(f"sim_vs_real: skipped: {reason}", file=sys.stderr)
         return 2
     sc = load_local(a.scenario)
+    if a.rate is not None and sc.services:
+        s0 = sc.services[0]
+        sc = sc.model_copy(update={"services": [s0.model_copy(update={"rates": [a.rate] * len(s0.rates)}),
+                                                *sc.services[1:]]})
     prof = load_profiles(a.profiles)
     svc = sc.services[0] if sc.services else None
     if svc is not None and svc.model not in prof.inference:
         print(f"sim_vs_real: {a.profiles or 'shipped profile'}: no inference profile for {svc.model} "
               "(run: reamer calibrate)", file=sys.stderr)
         return 2
+    before = calibrate_service(svc.model) if svc is not None and not a.no_calibrate else None
     host = max(sc.hosts, key=lambda h: h.cores).name
     fixed = [(svc.id, host, a.replica_cores, a.max_batch, a.max_wait_ms / 1e3)] if svc else None
 
     console.print("real run …")
-    real = run_scenario(sc, prof, fixed_replicas=fixed,
+    cpus = lambda v: [int(x) for x in v.split(",")] if v else None  # noqa: E731
+    real = run_scenario(sc, prof, fixed_replicas=fixed, replica_cpus=cpus(a.replica_cpus),
+                        apparatus_cpus=cpus(a.apparatus_cpus),
                         on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} {r.shapes}",
                                                          highlight=False))
+    if before is not None:
+        after = calibrate_service(svc.model)
+        prof = with_service(prof, svc.model, [before, after])
     restart = statistics.fmean(real.result.restarts_s) if real.result.restarts_s else 0.0
     console.print(f"simulated run (restart_s = {restart:.1f} s, measured) …")
     rec = sim_training(sc, prof, restart)
@@ -155,13 +216,18 @@ def main() -> int:
     if svc is not None:
         rep = real.load_reports.get(svc.id, {})
         real_p99 = rep.get("latency_ms", {}).get("p99")
-        node_cpu = [r.node_cpu.get(host, 0.0) for r in rec.rounds] or [0.0]
+        sim_node = f"{host}-0000"  # build_nodes names a pool's nodes POOL-0000, ...
+        node_cpu = [r.node_cpu.get(sim_node, 0.0) for r in rec.rounds] or [0.0]
         node = next(h for h in sc.hosts if h.name == host)
-        slow = 1.0 + prof.interference.inference * statistics.fmean(node_cpu) / node.cores
+        coef = prof.interference.inference if prof.interference is not None else 0.0
+        slow = 1.0 + coef * statistics.fmean(node_cpu) / node.cores
         rng = np.random.default_rng(sc.seed)
         arr = arrivals_for_rates(svc.rates, svc.window_s, rng)
         lat = simulate_replica(arr, prof.inference[svc.model], a.replica_cores, a.max_batch, a.max_wait_ms / 1e3, slow)
         sim_p99 = float(np.percentile(lat, 99)) * 1e3
+        if before is not None:
+            for tag, e in (("before", before), ("after", after)):
+                m[f"calib_{tag}_b_ms"], m[f"calib_{tag}_request_ms"] = e["b_ms"], e["request_ms"]
         m.update({"real_p99_ms": real_p99 if real_p99 is not None else float("nan"), "sim_p99_ms": sim_p99,
                   "sim_inference_slowdown_ratio": slow, "real_requests": float(rep.get("ok", 0)),
                   "real_errors": float(sum(rep.get("errors", {}).values()))})
@@ -172,6 +238,7 @@ def main() -> int:
               if k in m}
     doc = document("sim_vs_real", [run_entry(sc.name, sc.seed, f"{sc.policy.training} real vs sim", m,
                                              {"replica_cores": a.replica_cores, "max_batch": a.max_batch,
+                                              "replica_cpus": a.replica_cpus, "apparatus_cpus": a.apparatus_cpus,
                                               "max_wait_ms": a.max_wait_ms, "host": host, **labels})], ratios)
     write_json(a.json, doc)
     print(json.dumps({"metrics": m, **labels, "real_phases": rp, "sim_phases": sp}, indent=1, default=str))

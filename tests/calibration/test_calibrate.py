@@ -39,3 +39,11 @@ def test_quick_calibration_writes_a_loadable_profile_and_leaves_no_cgroup(tmp_pa
     assert p.inference["small_cnn"].b_s > 0 and p.interference is not None
     assert "resnet50" in p.inference  # carried over from the shipped profile, with its source
     assert ex.list_owned() == [] and not any(h.joinpath(PREFIX).exists() for h in ex._hier_roots())
+
+
+def test_interference_is_kept_only_when_it_stands_out_of_the_noise():
+    from reamer.calibration.interference import significant
+
+    assert significant([1.10, 1.12, 1.09, 1.11, 1.10, 1.13])  # a steady 11% slowdown
+    assert not significant([1.03, 0.75, 1.30, 0.98, 1.12, 0.95])  # 3% inside ±30% drift
+    assert not significant([1.2, 1.2])  # too few rounds to tell

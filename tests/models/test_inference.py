@@ -238,3 +238,20 @@ def test_p99_curve_matches_the_analytic_mode():
             analytic_p99_s(slow_rate, prof, 2, 8, 0.0, slowdown=1.25), rel=0.03)
     assert curve(0.99 * curve.saturation_per_s) == math.inf
     assert curve(np.array([1.0, 2.0])).shape == (2,)
+
+
+def test_serving_path_costs_cpu_per_request_and_delays_every_request():
+    """request_s occupies the replica like the model (per sample); delay_s adds to every latency."""
+    import dataclasses
+
+    from reamer.models.inference import InferenceProfile, analytic_p99_s, service_time_s, simulate_replica
+
+    base = InferenceProfile("m", 0.001, 0.004, 0.8)
+    served = dataclasses.replace(base, request_s=0.002, delay_s=0.0015)
+    assert service_time_s(served, 1.0, 4) == pytest.approx(0.001 + 4 * 0.006)
+    arr = np.sort(np.random.default_rng(0).random(200) * 10.0)
+    lat0 = simulate_replica(arr, dataclasses.replace(served, delay_s=0.0), 1.0, 4, 0.0)
+    assert np.allclose(simulate_replica(arr, served, 1.0, 4, 0.0), lat0 + 0.0015)
+    assert analytic_p99_s(20.0, served, 1.0, 4, 0.0) == pytest.approx(
+        analytic_p99_s(20.0, dataclasses.replace(served, delay_s=0.0), 1.0, 4, 0.0) + 0.0015)
+    assert analytic_p99_s(20.0, served, 1.0, 4, 0.0) > analytic_p99_s(20.0, base, 1.0, 4, 0.0)

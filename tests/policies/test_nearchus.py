@@ -19,8 +19,10 @@ from reamer.domain import (
     Resize,
     Resources,
     Role,
+    StartJob,
     TrainingJob,
 )
+from reamer.policies.diagnosis import diagnose
 from reamer.policies.nearchus import Nearchus, NearchusConfig
 
 SPEC = TrainingJob("j", "resnet50", 0.0, 1e7, 1, 2, Resources(2, 1024), Resources(2, 1024))
@@ -33,13 +35,14 @@ def containers(workers=2, ps=1, wcores=2.0, pscores=2.0):
     return tuple(cs)
 
 
-def snapshot(now, cs, speed, w_util=0.5, ps_util=0.2, net=0.2, throttled=None, since=None):
+def snapshot(now, cs, speed, w_util=0.5, ps_util=0.2, net=0.2, throttled=None, since=None, wnet=None):
     free = {n.name: n.capacity - sum((c.res for c in cs if c.node == n.name), Resources()) for n in NODES}
     tel = {}
     for c in cs:
         util = w_util if c.role is Role.WORKER else ps_util
         thr = util if throttled is None else throttled
-        tel[c.id] = ContainerTelemetry(c.res.cpu * util, c.res.cpu, thr, net * 10, 10)
+        link = net if c.role is Role.PS or wnet is None else wnet
+        tel[c.id] = ContainerTelemetry(c.res.cpu * util, c.res.cpu, thr, link * 10, 10)
     job = JobView(SPEC, JobState.RUNNING, cs, 0.0, now, 0.0, None)
     return ClusterSnapshot(now, NODES, free, (), (job,), {"j": JobTelemetry(since if since is not None else now - 60, speed, tel)})
 
@@ -64,9 +67,33 @@ def drive(policy, rounds, cs, speed_of, **kw):
 
 
 def test_network_bound_job_gets_a_ps():
-    log, cs = drive(Nearchus(), 4, containers(), lambda cs, k: 100.0, net=0.95)
+    log, cs = drive(Nearchus(), 4, containers(), lambda cs, k: 100.0, net=0.95, wnet=0.3, ps_util=0.6)
     first = [d for out in log for d in out][0]
     assert isinstance(first, AddContainer) and first.placement.role is Role.PS
+    assert first.placement.node != "n0"  # not onto the saturated NIC of its own PS
+
+
+def test_no_ps_added_where_no_nic_has_headroom():
+    """The PS side is the bottleneck, but no NIC could carry the new shard's share of the
+    traffic below saturation: another PS would only take bandwidth from the neighbours."""
+    log, _ = drive(Nearchus(), 6, containers(), lambda cs, k: 100.0, net=0.95, wnet=0.5, ps_util=0.6)
+    assert not any(isinstance(d, AddContainer) for out in log for d in out)
+
+
+def test_links_equally_busy_are_not_a_ps_bottleneck():
+    """One worker: PS and worker links carry the same bytes, so another PS cannot help."""
+    cs = containers(workers=1)
+    tie = diagnose(snapshot(60, cs, 100.0, net=0.95, wnet=0.93).running[0],
+                   snapshot(60, cs, 100.0, net=0.95, wnet=0.93).telemetry["j"], 0.85, 0.8)
+    ps_side = diagnose(snapshot(60, cs, 100.0, net=0.95, wnet=0.4).running[0],
+                       snapshot(60, cs, 100.0, net=0.95, wnet=0.4).telemetry["j"], 0.85, 0.8)
+    assert tie.bottleneck == "worker_network" and ps_side.bottleneck == "network"
+
+
+def test_idle_ps_is_trimmed():
+    log, cs = drive(Nearchus(), 3, containers(pscores=2.0), lambda cs, k: 100.0, w_util=0.7, ps_util=0.02)
+    flat = [d for out in log for d in out]
+    assert flat and isinstance(flat[0], Resize) and flat[0].container == "j/ps0" and flat[0].res.cpu == 0.5
 
 
 def test_compute_bound_job_grows_vertically_then_gets_workers():
@@ -76,14 +103,14 @@ def test_compute_bound_job_grows_vertically_then_gets_workers():
         cores = sum(c.res.cpu for c in cs if c.role is Role.WORKER)
         return 100.0 * cores ** 0.3
 
-    log, cs = drive(Nearchus(cfg), 20, containers(), speed, w_util=0.95)
+    log, cs = drive(Nearchus(cfg), 20, containers(), speed, w_util=0.95, ps_util=0.6)
     flat = [d for out in log for d in out]
     assert isinstance(flat[0], Resize) and flat[0].res.cpu > 2.0
     assert any(isinstance(d, AddContainer) and d.placement.role is Role.WORKER for d in flat)
 
 
 def test_change_that_does_not_pay_is_reverted():
-    log, cs = drive(Nearchus(), 8, containers(), lambda cs, k: 100.0, w_util=0.95)
+    log, cs = drive(Nearchus(), 8, containers(), lambda cs, k: 100.0, w_util=0.95, ps_util=0.6)
     flat = [d for out in log for d in out]
     up = flat[0]
     assert isinstance(up, Resize) and up.res.cpu > 2.0
@@ -106,7 +133,7 @@ def test_noise_alone_triggers_no_change(seed, noise):
     rng = np.random.default_rng(seed)
     log, _ = drive(Nearchus(), 30, containers(),
                    lambda cs, k: 100.0 * (1 + noise * rng.standard_normal()),
-                   w_util=0.7, ps_util=0.3, net=0.3, throttled=0.6)
+                   w_util=0.7, ps_util=0.6, net=0.3, throttled=0.6)
     assert all(not out for out in log)
 
 
@@ -114,3 +141,81 @@ def test_idle_unthrottled_workers_are_trimmed():
     log, cs = drive(Nearchus(), 3, containers(wcores=4.0), lambda cs, k: 100.0, w_util=0.2, throttled=0.0)
     flat = [d for out in log for d in out]
     assert flat and all(isinstance(d, Resize) and d.res.cpu < 4.0 for d in flat)
+
+
+# ------------------------------------------------------------- cluster level (several jobs)
+GPU_NODES = tuple(Node(f"g{i}", 16, 65536, gpus=1, nic_gbps=10) for i in range(2))
+
+
+def _cluster_snap(now, running, queue, speeds, gpu_util=0.95, cpu_util=0.3, extra=()):
+    """``running``: {job spec: containers}; every job GPU-bound at ``gpu_util``."""
+    every = [c for cs in running.values() for c in cs] + list(extra)  # extra: other tenants' containers
+    free = {n.name: n.capacity - sum((c.res for c in every if c.node == n.name), Resources()) for n in GPU_NODES}
+    views, tel = [], {}
+    for spec, cs in running.items():
+        views.append(JobView(spec, JobState.RUNNING, tuple(cs), 0.0, now, 0.0, None))
+        ct = {c.id: ContainerTelemetry(c.res.cpu * cpu_util, c.res.cpu, cpu_util if cpu_util > 0.8 else 0.0, 1.0, 10,
+                                       gpu_util=gpu_util if c.role is Role.WORKER else 0.0) for c in cs}
+        tel[spec.id] = JobTelemetry(now - 60, speeds[spec.id], ct)
+    q = tuple(JobView(s, JobState.QUEUED) for s in queue)
+    return ClusterSnapshot(now, GPU_NODES, free, q, tuple(views), tel)
+
+
+def test_gpu_workers_it_added_are_taken_back_when_a_job_waits_for_a_gpu():
+    a = TrainingJob("a", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0), max_workers=4)
+    b = TrainingJob("b", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0))
+    cs = [Container("a/ps0", "a", Role.PS, "g0", Resources(1, 1024)),
+          Container("a/worker1", "a", Role.WORKER, "g0", Resources(2, 1024, 1.0))]
+    pol = Nearchus(NearchusConfig(trim=False, trim_ps=False))
+    added = None
+    for k in range(1, 8):  # GPU-bound: NEARCHUS adds a worker (the only free GPU is on g1), it pays
+        speed = 100.0 * sum(1 for c in cs if c.role is Role.WORKER)
+        out = pol.decide(_cluster_snap(60.0 * k, {a: cs}, (), {"a": speed}))
+        for d in out:
+            if isinstance(d, AddContainer):
+                added = Container("a/worker9", "a", d.placement.role, d.placement.node, d.placement.res)
+                cs.append(added)
+    assert added is not None and added.node == "g1" and added.res.gpu == 1.0
+    out = pol.decide(_cluster_snap(600.0, {a: cs}, (b,), {"a": 200.0}))
+    assert RemoveContainer("a/worker9") in out
+    start = [d for d in out if isinstance(d, StartJob)]
+    assert start and start[0].job == "b" and any(p.node == "g1" and p.res.gpu == 1.0 for p in start[0].placements)
+
+
+def test_thin_start_when_the_request_does_not_fit_and_restore_when_the_queue_is_empty():
+    big = TrainingJob("big", "resnet50", 0.0, 1e9, 1, 2, Resources(1, 1024), Resources(8, 1024))
+    filler = TrainingJob("f", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(12, 1024))
+    fc = [Container("f/ps0", "f", Role.PS, "g0", Resources(1, 1024)),
+          Container("f/worker0", "f", Role.WORKER, "g0", Resources(12, 1024)),
+          Container("f/worker1", "f", Role.WORKER, "g1", Resources(12, 1024))]
+    pol = Nearchus(NearchusConfig(restore=True, trim=False, trim_ps=False))
+    out = pol.decide(_cluster_snap(0.0, {filler: fc}, (big,), {"f": 100.0}, gpu_util=0.0))
+    start = [d for d in out if isinstance(d, StartJob)]
+    assert start and all(p.res.cpu < 8 for p in start[0].placements if p.role is Role.WORKER)
+    bc = [Container(f"big/{p.role.value}{i}", "big", p.role, p.node, p.res) for i, p in enumerate(start[0].placements)]
+    out = pol.decide(_cluster_snap(60.0, {big: bc}, (), {"big": 50.0}, gpu_util=0.0))  # the filler is gone
+    grown = [d for d in out if isinstance(d, Resize)]
+    adds = [d for d in out if isinstance(d, AddContainer)]
+    thin = [c for c in bc if c.role is Role.WORKER]
+    assert {d.container for d in grown} == {c.id for c in thin} and all(d.res.cpu == 8 for d in grown)
+    assert len(thin) + len(adds) == 2
+
+
+def test_cpu_growth_while_the_head_waits_only_for_a_gpu():
+    """No node has the GPU the head needs: growing a job's CPU takes nothing from it, adding a
+    GPU worker would."""
+    a = TrainingJob("a", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0), max_workers=4)
+    b = TrainingJob("b", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0))
+    cs = [Container("a/ps0", "a", Role.PS, "g0", Resources(1, 1024)),
+          Container("a/worker1", "a", Role.WORKER, "g0", Resources(2, 1024, 1.0))]
+    other = [Container("o/worker0", "o", Role.WORKER, "g1", Resources(2, 1024, 1.0))]
+    for blocked, cfg in ((True, NearchusConfig(trim_ps=False)),
+                         (False, NearchusConfig(trim_ps=False, grow_while_gpu_blocked=False))):
+        pol = Nearchus(cfg)
+        flat = []
+        for k in range(1, 4):
+            flat += pol.decide(_cluster_snap(60.0 * k, {a: cs}, (b,), {"a": 100.0}, gpu_util=0.3, cpu_util=0.95,
+                                             extra=other))
+        grew = [d for d in flat if isinstance(d, Resize) and d.res.cpu > 2]
+        assert bool(grew) is blocked
+        assert not any(isinstance(d, AddContainer) for d in flat)

@@ -5,7 +5,9 @@ A PyTorch training loop (a PS worker's step of ``TRAIN_MODEL``) and ONNX Runtime
 processes (:mod:`~reamer.calibration.worker`), each in its own cgroup pinned to its own CPU
 (cpuset 0 and 1, one thread each), so there is no CPU over-commit: what remains is shared
 caches, memory bandwidth and (on SMT siblings) the core itself. Each round measures training
-alone, inference alone, then both at once; the slowdowns are medians of per-round ratios.
+alone, inference alone, then both at once; the slowdowns are medians of per-round ratios, and a
+coefficient is kept only when its slowdown exceeds 1 by two standard errors of those ratios
+(:func:`significant`; else 0 — on a VM whose speed drifts, a few-percent effect can be noise).
 
 Coefficients in the form the simulator applies them (:mod:`reamer.backends.sim.inference`)::
 
@@ -61,10 +63,12 @@ def measure(ex: CgroupExecutor, nproc: int, seconds: float, rounds: int, tick: C
         for name in made:
             ex.remove(name, kill=True)
     s_t, s_i, u = statistics.median(ratios_t), statistics.median(ratios_i), statistics.median(use)
+    sig_t, sig_i = significant(ratios_t), significant(ratios_i)
     return {
-        "training_interference": round(max(0.0, s_t - 1.0) * nproc, 4),
-        "inference_interference": round(max(0.0, s_i - 1.0) * nproc / max(u, 1e-3), 4),
+        "training_interference": round(max(0.0, s_t - 1.0) * nproc, 4) if sig_t else 0.0,
+        "inference_interference": round(max(0.0, s_i - 1.0) * nproc / max(u, 1e-3), 4) if sig_i else 0.0,
         "diagnostics": {
+            "training_significant": sig_t, "inference_significant": sig_i,
             "training_slowdown_ratio": round(s_t, 4), "inference_inflation_ratio": round(s_i, 4),
             "training_use_cores": round(u, 3), "training_ratio_spread": round(max(ratios_t) - min(ratios_t), 4),
             "inference_ratio_spread": round(max(ratios_i) - min(ratios_i), 4), "rounds": rounds,
@@ -72,3 +76,12 @@ def measure(ex: CgroupExecutor, nproc: int, seconds: float, rounds: int, tick: C
                                          f"infer {INFER_MODEL} batch {INFER_BATCH} on cpu 1, 1 thread each",
         },
     }  # fmt: skip
+
+
+def significant(ratios: list[float]) -> bool:
+    """Is the slowdown real? Its median must exceed 1 by two standard errors of the per-round
+    ratios; otherwise the coefficient is 0 (this machine's drift hides an effect that small)."""
+    if len(ratios) < 3:
+        return False
+    se = statistics.stdev(ratios) / len(ratios) ** 0.5
+    return statistics.median(ratios) - 1.0 > 2.0 * se

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from reamer.calibration import inference, interference, oversub, training
+from reamer.calibration import inference, interference, oversub, serving, training
 from reamer.calibration.machine import LoadMeter, machine_info
 from reamer.calibration.worker import open_cgroups
 from reamer.errors import InputError
@@ -76,6 +76,8 @@ def total_steps(parts: Sequence[str], inference_models: Sequence[str], quick: bo
         n += s.model_rounds * len(real_models())
     if "inference" in parts:
         n += inference.steps(list(inference_models), quick)
+        if cgroups:
+            n += sum(1 for m in inference_models if m in real_models())
     if "interference" in parts and cgroups and nproc >= 2:
         n += interference.steps(s.inter_rounds)
     return n
@@ -163,6 +165,11 @@ def calibrate(
                                      "source": source}  # fmt: skip
                     if entries[name]["contended"]:
                         log(f"inference {name}: {len(entries[name]['contended'])} points disturbed by other processes")
+                    if ex is not None and name in real_models():  # the serving path, through the real server
+                        entries[name].update(serving.measure(ex, name, entries[name], nproc, 60 if quick else 300,
+                                                             Path(tmp), step(f"serving: {name}")))
+                    elif name in real_models():
+                        log(f"skipped the serving-path measurement of {name}: {reason}")
             _warn(log, "inference", meter.cores())
             doc["inference"] = {**doc.get("inference", {}), **entries}
             done("inference")

@@ -67,6 +67,12 @@ class InferenceProfile:
     measured: tuple[tuple[int, int, float], ...] = ()  # (cores, batch, seconds) behind the fit
     input: str = ""
     params_m: float = 0.0
+    # The serving path around the model, measured through the real server (0 when only the
+    # model was profiled): CPU per request in the server besides the model (HTTP parsing,
+    # decoding, the reply) — it occupies the replica's cores like the model does — and a
+    # fixed delay per request outside the server's CPU (loopback, router, client stack).
+    request_s: float = 0.0
+    delay_s: float = 0.0
 
 
 def load_inference_profiles(path: str | Path | None = None) -> dict[str, InferenceProfile]:
@@ -99,7 +105,8 @@ def load_inference_profiles(path: str | Path | None = None) -> dict[str, Inferen
             raise InputError(source, f"models.{name}", "a_ms, b_ms, parallel_fraction numbers") from None
         if not (a >= 0 and b > 0 and 0 <= f <= 1):
             raise InputError(source, f"models.{name}", "a_ms >= 0, b_ms > 0, 0 <= parallel_fraction <= 1")
-        out[name] = InferenceProfile(name, a, b, f, measured, str(m.get("input", "")), float(m.get("params_m", 0.0)))
+        out[name] = InferenceProfile(name, a, b, f, measured, str(m.get("input", "")), float(m.get("params_m", 0.0)),
+                                     float(m.get("request_ms", 0.0)) / 1e3, float(m.get("delay_ms", 0.0)) / 1e3)
     return out
 
 
@@ -118,9 +125,10 @@ def service_time_s(profile: InferenceProfile, cores: float, batch, slowdown: flo
     e = effective_cores(cores, profile.parallel_fraction)
     if e <= 0:
         raise ValueError("cores must be > 0")
+    per = profile.b_s + profile.request_s
     if np.ndim(batch):
-        return (profile.a_s + profile.b_s * np.asarray(batch, dtype=float)) / e * slowdown
-    return (profile.a_s + profile.b_s * batch) / e * slowdown
+        return (profile.a_s + per * np.asarray(batch, dtype=float)) / e * slowdown
+    return (profile.a_s + per * batch) / e * slowdown
 
 
 def max_throughput_per_s(profile: InferenceProfile, cores: float, max_batch: int, slowdown: float = 1.0) -> float:
@@ -195,7 +203,7 @@ def simulate_replica(
         free = start + svc[k]
         lat[i:j] = free - arr[i:j]
         i = j
-    return lat
+    return lat + profile.delay_s
 
 
 # --------------------------------------------------------------------------- analytic
@@ -370,7 +378,7 @@ def analytic_quantile_s(
     """Stationary latency quantile ``q`` (0..1) of one replica at Poisson ``rate`` (analytic mode)."""
     _check(rate, max_batch, max_wait_s)
     s = _service_vector(profile, cores, max_batch, slowdown)
-    return _quantile(float(q), float(rate), s, int(max_batch), float(max_wait_s))
+    return _quantile(float(q), float(rate), s, int(max_batch), float(max_wait_s)) + profile.delay_s
 
 
 def analytic_p99_s(
@@ -387,6 +395,7 @@ def analytic_slo_miss(
     """Share of requests slower than ``slo_s`` in steady state (analytic mode)."""
     _check(rate, max_batch, max_wait_s)
     s = _service_vector(profile, cores, max_batch, slowdown)
+    slo_s = slo_s - profile.delay_s
     if rate <= 0:
         return float((max_wait_s if max_batch > 1 else 0.0) + s[0] > slo_s)
     if rate * s[-1] / max_batch >= _MAX_LOAD:

@@ -86,6 +86,9 @@ class InferenceEntry(_Strict):
     fit_rms_err_pct: NonNeg | None = None
     params_m: NonNeg = 0.0
     input: str = ""
+    request_ms: NonNeg = 0.0  # server CPU per request besides the model (measured through the server)
+    delay_ms: NonNeg = 0.0  # fixed latency per request outside the server's CPU (router, loopback)
+    serving: Diagnostics = Field(default_factory=dict)  # how request_ms / delay_ms were measured
     source: str = ""
 
 
@@ -145,7 +148,8 @@ def model_profile(name: str, m: ModelEntry) -> ModelProfile:
 
 def inference_profile(name: str, m: InferenceEntry) -> InferenceProfile:
     return InferenceProfile(name, m.a_ms / 1e3, m.b_ms / 1e3, m.parallel_fraction,
-                            tuple((c, b, ms / 1e3) for c, b, ms in m.measured), m.input, m.params_m)  # fmt: skip
+                            tuple((c, b, ms / 1e3) for c, b, ms in m.measured), m.input, m.params_m,
+                            m.request_ms / 1e3, m.delay_ms / 1e3)  # fmt: skip
 
 
 def parse_profiles(data: Any, source: str) -> Profiles:

@@ -1,7 +1,8 @@
 """Bottleneck diagnosis from one interval of job telemetry (pure; shared by policies).
 
-A job is *network*-bound when a PS link runs near capacity (more PS shards help),
-*worker-network*-bound when only worker links do (more PS would not help), *gpu*-bound when its
+A job is *network*-bound when a PS link runs near capacity and is the narrower side of the
+step's transfer (more PS shards help), *worker-network*-bound when a worker link is at least
+as busy (more PS would not help: with one worker, PS and worker links carry the same bytes), *gpu*-bound when its
 workers' GPUs are busy most of the time, *compute*-bound when its workers use most of their
 CPU limit, *ps*-bound when its PS containers do, and *none* when nothing is saturated.
 """
@@ -23,10 +24,15 @@ class Diagnosis:
     net_util: float  # max link utilization of the job's PS containers
     worker_net_util: float  # max link utilization of the job's workers
     cpu_used: float  # cores the job actually used
+    ps_throttled: float = 0.0  # max share of CFS periods throttled, PS
 
 
-def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float) -> Diagnosis:
-    w_util, ps_util, thr, gpu, net, wnet, used = [], [], [], [], 0.0, 0.0, 0.0
+def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float, side_margin: float = 0.1) -> Diagnosis:
+    """``side_margin``: the PS side counts as the narrower one only when its link utilization
+    exceeds the busiest worker link's by this relative margin (per-link transfer time ÷ step
+    time is that link's utilization, so the busier side is the longer transfer; the margin
+    keeps measurement noise from calling a tie)."""
+    w_util, ps_util, thr, gpu, net, wnet, used, ps_thr = [], [], [], [], 0.0, 0.0, 0.0, 0.0
     for c in job.containers:
         t = tel.containers.get(c.id)
         if t is None:
@@ -37,6 +43,8 @@ def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float) ->
             thr.append(t.throttled_ratio)
             if c.res.gpu > 0:
                 gpu.append(t.gpu_util)
+        else:
+            ps_thr = max(ps_thr, t.throttled_ratio)
         if t.net_capacity_gbps > 0:
             link = t.net_gbps / t.net_capacity_gbps
             if c.role is Role.WORKER:
@@ -47,9 +55,9 @@ def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float) ->
     wu = sum(w_util) / len(w_util) if w_util else 0.0
     pu = max(ps_util, default=0.0)
     gu = sum(gpu) / len(gpu) if gpu else 0.0
-    if net >= net_sat:
+    if net >= net_sat and net > wnet * (1.0 + side_margin):
         b = "network"
-    elif wnet >= net_sat:
+    elif max(net, wnet) >= net_sat:
         b = "worker_network"
     elif gu >= cpu_sat:
         b = "gpu"
@@ -59,4 +67,4 @@ def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float) ->
         b = "ps"
     else:
         b = "none"
-    return Diagnosis(b, wu, sum(thr) / len(thr) if thr else 0.0, gu, pu, net, wnet, used)
+    return Diagnosis(b, wu, sum(thr) / len(thr) if thr else 0.0, gu, pu, net, wnet, used, ps_thr)

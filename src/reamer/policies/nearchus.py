@@ -18,12 +18,16 @@ Per running job, every control interval:
      outscale: add a worker (parallelism);
    * nothing saturated → trim the workers' CPU limit to what they use (+margin): what the
      job does not need is given back (the joint loop hands it to inference).
+   * first of all (unless PS-bound): PS containers that use little of their CPU are trimmed
+     to what they use (+margin) — a PS mostly moves bytes.
    Every job stays within its per-job maximum (``max_growth`` × requested cores, the spec's
    ``max_ps``/``max_workers``/``max_cores_per_container``).
 
 Cluster level: queued jobs start FIFO (with backfill) at their request, or at the largest
 smaller shape that fits (≥ 1 PS + 1 worker) and then grow; when the head of the queue cannot
-start, increments are taken back from running jobs, least efficient (gain per core) first.
+start, increments are taken back from running jobs, least efficient (gain per core) first —
+GPU workers NEARCHUS added first when the head waits for a GPU share. Added PS/workers and
+thin starts go only to nodes whose measured NIC use is below ``net_saturation``.
 """
 
 from __future__ import annotations
@@ -62,19 +66,25 @@ class NearchusConfig(BaseModel):
     efficiency_threshold: float = Field(0.3, ge=0)  # (ΔS/S)/(ΔR/R) to keep scaling vertically
     cpu_saturation: float = Field(0.85, gt=0, le=1)
     net_saturation: float = Field(0.8, gt=0, le=1)
+    net_side_margin: float = Field(0.1, ge=0)  # PS link busier than worker links by this much → PS side is the bottleneck
     upscale_factor: float = Field(1.5, gt=1)
     core_step: float = Field(0.5, gt=0)  # CPU limits are multiples of this
     max_growth: float = Field(4.0, ge=1)  # per-job maximum: × requested cores
     trim: bool = True
+    trim_ps: bool = True  # trim idle PS containers too
     trim_below: float = Field(0.5, gt=0, le=1)  # worker CPU util under which limits are trimmed
     trim_margin: float = Field(0.25, ge=0)
     trim_throttled: float = Field(0.1, ge=0, le=1)  # ... and throttled in fewer periods than this
     block_s: float = Field(1800.0, ge=0)  # an action that did not pay is not retried for this long (doubling)
     reclaim: bool = True
     start_fractions: list[float] = [1.0, 0.5, 0.25]  # worker CPU shares tried when the request does not fit
+    nic_headroom: bool = True  # added PS/workers and thin starts only on nodes whose measured NIC use < net_saturation
+    grow_while_gpu_blocked: bool = True  # jobs may grow CPU / add PS while the head waits only for a GPU share
+    restore: bool = False  # queue empty: give jobs started thin / squeezed their request back at once (measured: no better than growth by efficiency)
     outscale: bool = True  # ablation: False = vertical scaling only
     stabilize: bool = True  # ablation: False = act on every interval's raw sample
     placement: Strategy = "spread"
+    gpu_fit: bool = True  # fractional-GPU containers: best fit on free GPU shares first (against fragmentation)
 
 
 @dataclass
@@ -102,6 +112,7 @@ class _Job:
     blocked: dict[str, float] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
     vertical_eff: float | None = None
+    owed: bool = False  # runs below its request because it started thin or was squeezed
 
 
 def _cores(job: JobView) -> float:
@@ -120,12 +131,17 @@ class Nearchus:
         self.interval_s = interval_s
         self.jobs: dict[str, _Job] = {}
         self._free: FreeMap | None = None
+        self._cpu_growth_ok = False
+        self._nic: dict[str, float] = {}  # node -> measured NIC utilization (last telemetry)
 
     # ----------------------------------------------------------------- round
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
         free = self._free = FreeMap(snap, self._free)
         self._crowd = free.crowding(snap)
         out: list[Decision] = []
+        if snap.telemetry:
+            self._nic = self._nic_util(snap)
+            self._nic_cap = {n.name: n.nic_gbps for n in snap.nodes}
         running = {j.id: j for j in snap.running}
         for jid in list(self.jobs):
             if jid not in running:
@@ -137,10 +153,15 @@ class Nearchus:
             tel = snap.telemetry.get(job.id)
             if tel is not None and tel.since_s >= st.last_change - 1e-9:
                 st.samples.append(tel.speed)
+        if self.cfg.restore and not snap.queue:
+            out += self._restore(snap, free)
         if self.cfg.reclaim and snap.queue:
             out += self._reclaim(snap, running, free)
         out += self._start(snap, free)
         waiting = bool(snap.queue) and any(isinstance(d, StartJob) for d in out) is False
+        # the head waits for a GPU share no node has: CPU-only growth takes nothing it needs
+        self._cpu_growth_ok = (waiting and self.cfg.grow_while_gpu_blocked and snap.queue[0].spec.worker_res.gpu > 0
+                               and not (free.free[:, 2] >= snap.queue[0].spec.worker_res.gpu - 1e-9).any())
         for job in snap.running:
             tel = snap.telemetry.get(job.id)
             if tel is None:
@@ -176,7 +197,7 @@ class Nearchus:
         if ch is not None:
             st.pending = None
             gain = speed / ch.speed_before - 1.0 if ch.speed_before > 0 else 0.0
-            if ch.kind == "trim":
+            if ch.kind.startswith("trim"):
                 if gain < -self.cfg.min_gain:  # trimming hurt: give the cores back
                     return self._revert(job, st, ch, now, free, block=True)
             elif gain < self.cfg.min_gain:
@@ -187,16 +208,25 @@ class Nearchus:
                 if ch.kind.startswith("up"):
                     st.vertical_eff = gain / (added / ch.cores_before) if added > 0 else 0.0
                 st.increments.append(ch)
-        d = diagnose(job, tel, self.cfg.cpu_saturation, self.cfg.net_saturation)
+        d = diagnose(job, tel, self.cfg.cpu_saturation, self.cfg.net_saturation, self.cfg.net_side_margin)
         for kind in self._plan(d, st):
-            if not grow and kind != "trim":
+            if not grow and not kind.startswith("trim") and not (
+                    self._cpu_growth_ok and (kind != "add_worker" or job.of_role(Role.WORKER)[0].res.gpu == 0)):
                 continue  # jobs are waiting: idle cores go to them, not to growth
-            dec = self._act(kind, job, st, d, speed, now, free)
+            dec = self._act(kind, job, st, d, speed, now, free, tel)
             if dec:
                 return dec
         return []
 
     def _plan(self, d: Diagnosis, st: _Job) -> list[str]:
+        if (self.cfg.trim_ps and d.bottleneck != "ps" and d.ps_cpu_util < self.cfg.trim_below
+                and d.ps_throttled < self.cfg.trim_throttled):
+            trim_ps = ["trim_ps"]  # idle PS cores (a PS mostly moves bytes) go back first
+        else:
+            trim_ps = []
+        return trim_ps + self._plan_grow(d, st)
+
+    def _plan_grow(self, d: Diagnosis, st: _Job) -> list[str]:
         vertical_ok = st.vertical_eff is None or st.vertical_eff >= self.cfg.efficiency_threshold
         out = self.cfg.outscale
         if d.bottleneck == "network":
@@ -218,7 +248,7 @@ class Nearchus:
                 and d.worker_throttled < self.cfg.trim_throttled)
 
     def _act(self, kind: str, job: JobView, st: _Job, d: Diagnosis, speed: float, now: float,
-             free: FreeMap) -> list[Decision]:
+             free: FreeMap, tel=None) -> list[Decision]:
         if st.blocked.get(kind, -math.inf) > now:
             return []
         spec = job.spec
@@ -227,13 +257,14 @@ class Nearchus:
         ids = frozenset(c.id for c in job.containers)
         decisions: list[Decision] = []
         undo: list[tuple[str, Resources]] = []
-        if kind in ("up_workers", "up_ps", "trim"):
-            role = Role.PS if kind == "up_ps" else Role.WORKER
+        if kind in ("up_workers", "up_ps", "trim", "trim_ps"):
+            role = Role.PS if kind in ("up_ps", "trim_ps") else Role.WORKER
             targets = job.of_role(role)
             new_total = cores
             for c in targets:
-                if kind == "trim":
-                    want = self._round(max(self.cfg.core_step, c.res.cpu * d.worker_cpu_util * (1 + self.cfg.trim_margin)))
+                if kind.startswith("trim"):
+                    util = d.ps_cpu_util if role is Role.PS else d.worker_cpu_util
+                    want = self._round(max(self.cfg.core_step, c.res.cpu * util * (1 + self.cfg.trim_margin)))
                     if want >= c.res.cpu:
                         continue
                 else:
@@ -258,12 +289,18 @@ class Nearchus:
             tmpl = job.of_role(role)[0].res
             if cores + tmpl.cpu > cap + 1e-9:
                 return []
-            p = free.place_one(role, tmpl, self.cfg.placement, self._crowd, keep_gpus=True)
+            expect = self._expected_gbps(job, role, tel)
+            p = free.place_one(role, tmpl, self.cfg.placement, self._crowd, keep_gpus=True,
+                               allowed=self._nic_ok(free, expect), gpu_fit=self.cfg.gpu_fit)
             if p is None:
                 return []
             self._crowd[free.index[p.node]] += 1
+            if self._nic:
+                self._nic[p.node] = self._nic.get(p.node, 0.0) + expect / self._nic_cap[p.node]
             decisions.append(AddContainer(job.id, p))
             after = cores + tmpl.cpu
+        if kind == "trim":
+            st.owed = False  # it does not use what it has: nothing is owed
         st.pending = _Change(kind, now, speed, cores, after, undo, ids)
         self._reset(st, now)
         return decisions
@@ -309,22 +346,94 @@ class Nearchus:
                 shapes.append(((Role.PS, spec.ps_res),) * spec.ps + ((Role.WORKER, wres),) * w)
         return list(dict.fromkeys(shapes))
 
+    def _nic_util(self, snap: ClusterSnapshot) -> dict[str, float]:
+        """Per node: Σ measured throughput of its PS/worker containers ÷ the node's NIC."""
+        nic = {n.name: n.nic_gbps for n in snap.nodes}
+        load: dict[str, float] = {}
+        for job in snap.running:
+            tel = snap.telemetry.get(job.id)
+            if tel is None:
+                continue
+            for c in job.containers:
+                t = tel.containers.get(c.id)
+                if t is not None and c.role is not Role.INFERENCE:
+                    load[c.node] = load.get(c.node, 0.0) + t.net_gbps
+        return {n: v / nic[n] for n, v in load.items() if nic[n] > 0}
+
+    def _nic_ok(self, free: FreeMap, expect_gbps: float = 0.0) -> np.ndarray | None:
+        """Nodes whose NIC keeps headroom (last measurement + ``expect_gbps`` of the new
+        container < ``net_saturation``), or None (no limit)."""
+        if not self.cfg.nic_headroom or not self._nic:
+            return None
+        return np.array([self._nic.get(n, 0.0) + expect_gbps / self._nic_cap[n] < self.cfg.net_saturation
+                         for n in free.names])
+
+    @staticmethod
+    def _expected_gbps(job: JobView, role: Role, tel) -> float:
+        """Traffic a new container of ``role`` will carry: a new PS shard takes its share of
+        the job's PS traffic (p/(p+1) of one shard's), a new worker what a worker carries now."""
+        if tel is None:
+            return 0.0
+        mine = [tel.containers[c.id].net_gbps for c in job.of_role(role) if c.id in tel.containers]
+        if not mine:
+            return 0.0
+        per = sum(mine) / len(mine)
+        return per * len(mine) / (len(mine) + 1) if role is Role.PS else per
+
     def _start(self, snap: ClusterSnapshot, free: FreeMap) -> list[Decision]:
         out: list[Decision] = []
+        thin_ok = self._nic_ok(free)
         failed: set[tuple] = set()
         for job in snap.queue:
             s = job.spec
             key = (s.ps_res, s.worker_res)
             if key in failed:
                 continue
-            for shape in self._shapes(s):
-                placed = free.place_gang(shape, self.cfg.placement)
+            for k, shape in enumerate(self._shapes(s)):
+                placed = free.place_gang(shape, self.cfg.placement, thin_ok if k > 0 else None, self.cfg.gpu_fit)
                 if placed is not None:
                     out.append(StartJob(job.id, placed))
-                    self.jobs[job.id] = _Job(snap.now)
+                    self.jobs[job.id] = _Job(snap.now, owed=k > 0)
                     break
             else:
                 failed.add(key)
+        return out
+
+    def _restore(self, snap: ClusterSnapshot, free: FreeMap) -> list[Decision]:
+        """Give jobs that started thin or were squeezed their request back (FIFO by arrival),
+        from the room free now: thin workers grow to the requested cores in place, missing
+        workers are added at the requested size. Not an increment (never reclaimed as one)."""
+        out: list[Decision] = []
+        for job in sorted(snap.running, key=lambda j: (j.spec.arrival_s, j.id)):
+            st = self.jobs.get(job.id)
+            if st is None or not st.owed or st.pending is not None:
+                continue
+            spec = job.spec
+            want = spec.worker_res.cpu
+            dec: list[Decision] = []
+            short = False
+            for c in job.of_role(Role.WORKER):
+                if c.res.cpu >= want - 1e-9:
+                    continue
+                room = free.free[free.index[c.node]][0]
+                cpu = min(want, c.res.cpu + math.floor(room / self.cfg.core_step + 1e-9) * self.cfg.core_step)
+                short |= cpu < want - 1e-9
+                if cpu > c.res.cpu:
+                    new = Resources(cpu, c.res.mem_mib, c.res.gpu)
+                    free.reserve(c.node, new - c.res)
+                    dec.append(Resize(c.id, new))
+            for _ in range(spec.workers - len(job.of_role(Role.WORKER))):
+                p = free.place_one(Role.WORKER, spec.worker_res, self.cfg.placement, self._crowd, keep_gpus=True,
+                                   gpu_fit=self.cfg.gpu_fit)
+                if p is None:
+                    short = True
+                    break
+                self._crowd[free.index[p.node]] += 1
+                dec.append(AddContainer(job.id, p))
+            if dec:
+                self._reset(st, snap.now)
+                out += dec
+            st.owed = short
         return out
 
     def _reclaim(self, snap: ClusterSnapshot, running: dict[str, JobView], free: FreeMap) -> list[Decision]:
@@ -332,13 +441,15 @@ class Nearchus:
         node that needs the least taken back, revoking increments there, least gain per core first."""
         head = snap.queue[0].spec
         need = [(Role.PS, head.ps_res), (Role.WORKER, head.worker_res)]
-        trial = free.place_gang(need, self.cfg.placement)
+        trial = free.place_gang(need, self.cfg.placement, gpu_fit=self.cfg.gpu_fit)
         if trial is not None:
             for p in trial:
                 free.release(p)
             return []
         want = np.array((head.worker_res.cpu + head.ps_res.cpu, head.worker_res.mem_mib + head.ps_res.mem_mib,
                          head.worker_res.gpu))
+        if want[2] > 0 and not (free.free[:, 2] >= want[2] - 1e-9).any():
+            return self._reclaim_gpu(running, free, want, snap.now)
         # what increments could give back, per node
         back: dict[str, list[tuple[float, str, _Change]]] = {}
         gives = {}  # node -> resources the increments there would give back
@@ -379,6 +490,46 @@ class Nearchus:
                 break
         return out
 
+    def _reclaim_gpu(self, running: dict[str, JobView], free: FreeMap, want: np.ndarray, now: float) -> list[Decision]:
+        """The head waits for a GPU share no node has free: remove GPU workers that NEARCHUS
+        added (any kept increment, not only the latest), least gain per core first, on the
+        node where the fewest must go."""
+        cands: dict[str, list[tuple[float, str, _Change, str, np.ndarray]]] = {}
+        for jid, st in self.jobs.items():
+            if jid not in running:
+                continue
+            present = {c.id: c for c in running[jid].containers}
+            for ch in st.increments + ([st.pending] if st.pending is not None else []):
+                if ch.kind != "add_worker":
+                    continue
+                for cid in ch.added:
+                    c = present.get(cid)
+                    if c is not None and c.res.gpu > 0:
+                        cands.setdefault(c.node, []).append(
+                            (ch.gain_per_core, jid, ch, cid, np.array((c.res.cpu, c.res.mem_mib, c.res.gpu))))
+        best = None
+        for node, items in cands.items():
+            items.sort(key=lambda x: x[0])
+            have = free.free[free.index[node]].copy()
+            for k, it in enumerate(items, 1):
+                have += it[4]
+                if (have >= want - 1e-9).all():
+                    if best is None or k < best[0]:
+                        best = (k, node)
+                    break
+        if best is None:
+            return []
+        out: list[Decision] = []
+        for _, jid, ch, _cid, _ in cands[best[1]][:best[0]]:
+            st = self.jobs[jid]
+            if ch is st.pending:  # taken back before it could be judged
+                st.pending = None
+                out += self._revert(running[jid], st, ch, now, free, block=False)
+            elif ch in st.increments:
+                st.increments.remove(ch)
+                out += self._revert(running[jid], st, ch, now, free, block=False)
+        return out
+
     def _squeeze(self, snap: ClusterSnapshot, running: dict[str, JobView], free: FreeMap,
                  want: np.ndarray) -> list[Decision]:
         """No increments to undo: shrink workers live (a CPU resize needs no restart) on the
@@ -411,4 +562,5 @@ class Nearchus:
             out.append(Resize(c.id, new))
             short -= cut
             self._reset(self.jobs[jid], snap.now)
+            self.jobs[jid].owed = True
         return out

@@ -45,11 +45,18 @@ class FreeMap:
         return (self.free >= need).all(axis=1)
 
     def place_one(self, role: Role, res: Resources, strategy: Strategy = "pack",
-                  crowding: np.ndarray | None = None, keep_gpus: bool = False) -> Placement | None:
+                  crowding: np.ndarray | None = None, keep_gpus: bool = False,
+                  allowed: np.ndarray | None = None, gpu_fit: bool = False) -> Placement | None:
         """Best node for one container. ``crowding`` (per node, e.g. PS/worker containers
         sharing its NIC) ranks first when given; the strategy breaks ties. ``keep_gpus``
-        puts a CPU-only container on a node with free GPUs only as a last resort."""
+        puts a CPU-only container on a node with free GPUs only as a last resort.
+        ``allowed`` (per node, bool) excludes the other nodes. ``gpu_fit`` puts a
+        fractional-GPU container where the fewest GPU shares stay free (best fit, before
+        anything else), so fractions fill partly used nodes and whole GPUs stay free for
+        whole-GPU requests; whole-GPU containers keep the strategy's order."""
         ok = self.fits(res)
+        if allowed is not None:
+            ok &= allowed
         if not ok.any():
             return None
         left = (self.free - (res.cpu, res.mem_mib, res.gpu)) * self._norm
@@ -59,6 +66,8 @@ class FreeMap:
             score = score + 10.0 * crowding  # |score| ≤ 4: crowding dominates
         if keep_gpus and res.gpu == 0:  # leave free GPUs' CPU to the GPU jobs that need it
             score = score + 1000.0 * (self.free[:, 2] > 1e-9)
+        if gpu_fit and 0 < res.gpu < 1:
+            score = score + 1e4 * (self.free[:, 2] - res.gpu)
         score = np.where(ok, score, np.inf)
         i = int(np.argmin(score))
         self.free[i] -= (res.cpu, res.mem_mib, res.gpu)
@@ -79,12 +88,13 @@ class FreeMap:
     def reserve(self, node: str, res: Resources) -> None:
         self.free[self.index[node]] -= (res.cpu, res.mem_mib, res.gpu)
 
-    def place_gang(self, wants: Sequence[tuple[Role, Resources]], strategy: Strategy = "pack") -> tuple[Placement, ...] | None:
+    def place_gang(self, wants: Sequence[tuple[Role, Resources]], strategy: Strategy = "pack",
+                   allowed: np.ndarray | None = None, gpu_fit: bool = False) -> tuple[Placement, ...] | None:
         """Place all containers or none (largest first, so big ones are not starved)."""
         order = sorted(wants, key=lambda rw: (rw[1].gpu, rw[1].cpu, rw[1].mem_mib), reverse=True)
         done: list[Placement] = []
         for role, res in order:
-            p = self.place_one(role, res, strategy)
+            p = self.place_one(role, res, strategy, allowed=allowed, gpu_fit=gpu_fit)
             if p is None:
                 for q in done:
                     self.release(q)

@@ -94,9 +94,13 @@ class LocalInference:
         launch_timeout_s: float = 120.0,
         drain_s: float = 1.0,
         seed: int = 0,
+        replica_cpus: Sequence[int] | None = None,
+        load_cpus: Sequence[int] | None = None,
     ):
         self.training = training
         self.drain_s = drain_s
+        self.replica_cpus = tuple(replica_cpus) if replica_cpus is not None else None  # None: the node's CPUs
+        self.load_cpus = tuple(load_cpus) if load_cpus is not None else None  # the load generators' CPUs
         self.local: dict[str, LocalNode] = training.local
         self.executor, self.workdir, self.python, self.clock = executor, Path(workdir), python, clock
         self.profiles = profiles
@@ -129,7 +133,9 @@ class LocalInference:
         for s in self.services.values():
             spec = s.spec
             name = f"load.{spec.id}"
-            self.executor.create(name)  # no limits: accounted apart from the services
+            self.executor.create(name)  # no quota: accounted apart from the services
+            if self.load_cpus is not None:
+                self.executor.set_cpuset(name, self.load_cpus)
             argv = [self.python, "-m", LOADGEN_MODULE, "--url", s.router.url,
                     "--rates", ",".join(f"{r:g}" for r in spec.rates), "--interval", f"{spec.window_s:g}",
                     "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed), "--max-inflight", "32",
@@ -263,7 +269,7 @@ class LocalInference:
         name = self._cg(r.id)
         self.executor.create(name)
         self.executor.set_cpu(name, r.cores)
-        cpus = self.local[r.node].cpus
+        cpus = self.replica_cpus if self.replica_cpus is not None else self.local[r.node].cpus
         if cpus is not None:
             self.executor.set_cpuset(name, cpus)
         p = Proc([self.python, "-m", SERVER_MODULE, "--model", s.spec.model, "--max-batch", str(r.max_batch),

@@ -86,9 +86,16 @@ def run_scenario(
     workdir: Path | None = None,
     cgroup_root: Path = CGROUP_ROOT,
     fixed_replicas: list[tuple[str, str, float, int, float]] | None = None,
+    replica_cpus: list[int] | None = None,
+    apparatus_cpus: list[int] | None = None,
 ) -> LocalRun:
     """Run ``sc`` for real. ``fixed_replicas`` ``(service, node, cores, max_batch, max_wait_s)``
-    places replicas once at the start and runs no harvesting policy (sim-vs-real runs)."""
+    places replicas once at the start and runs no harvesting policy (sim-vs-real runs).
+    ``replica_cpus`` pins every inference replica (default: its node's CPUs);
+    ``apparatus_cpus`` pins this controller (and its routers) and the load generators, the
+    measuring apparatus, away from what is measured."""
+    if apparatus_cpus is not None:
+        os.sched_setaffinity(0, set(apparatus_cpus))
     swept = sweep_leftovers(cgroup_root)
     executor = CgroupExecutor(cgroup_root, prefix=CGROUP_PREFIX, controllers=("cpu", "cpuset"))
     own_tmp = workdir is None
@@ -108,7 +115,7 @@ def run_scenario(
             services = [LocalService(s.id, s.model, s.slo_p99_ms / 1e3, tuple(s.rates), s.window_s) for s in sc.services]
             inference = LocalInference(cluster, services, executor=executor, workdir=wd,
                                        profiles=dict(profiles.inference), system_reserve_cores=sc.system_reserve_cores,
-                                       seed=sc.seed)
+                                       seed=sc.seed, replica_cpus=replica_cpus, load_cpus=apparatus_cpus)
             if fixed_replicas is not None:
                 from reamer.domain.inference import PlaceReplica
 
