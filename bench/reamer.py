@@ -6,9 +6,12 @@ Cluster: an evenly spaced subset of the openb GPU nodes (``../shared/data``). Tr
 pods of the openb pod list, in a seeded random order, taken until their GPU requests reach
 ``packing_pct`` of the cluster's GPUs, all submitted at t = 0 and placed by ``static``
 (kube-scheduler, bin-packing). Each pod lives its openb lifetime (deletion − creation; median
-9 min, p90 1.7 h); when it ends the next pod of the order with the same GPU shape arrives, so
-GPU packing stays at the target while the CPU requested and used on each node changes (new
-pods land on nodes whose spare CPU inference may hold). An openb pod's shape is fixed: one PS,
+9 min, p90 1.7 h) and ends at it whatever its speed (``TrainingJob.duration_s``: a pod slowed by
+a shared NIC or by CPU contention does less work, not longer — its slowdown is counted by
+``training_slowdown_pct``); when it ends the next pod of the order with the same GPU shape
+arrives, so GPU packing stays at the target (the realised ``gpu_alloc_pct`` is reported) while
+the CPU requested and used on each node changes (new pods land on nodes whose spare CPU
+inference may hold). An openb pod's shape is fixed: one PS,
 its GPUs as workers; NEARCHUS may resize its CPU, not add workers or PS. openb pods are single
 pods, so their gradient traffic stays in the host; the simulator's PS model has no in-host
 path, so GPU nodes get a ``--nic-gbps`` (default 100, a lower bound of in-host bandwidth;
@@ -146,7 +149,8 @@ def churn(pods, order: np.ndarray, first: list, horizon_s: float) -> list[tuple[
 
 def jobs_of(arrivals, rng: np.random.Generator, nic_gbps: float) -> list[TrainingJob]:
     """Training jobs of the pods: an openb pod's shape is fixed (its GPUs, one PS), so NEARCHUS
-    may resize its CPU but not add GPU workers or PS the pod did not have."""
+    may resize its CPU but not add GPU workers or PS the pod did not have. Each runs for its
+    openb lifetime (``duration_s``); ``samples`` is the work it would do then at its request speed."""
     cal = load_calibration()
     jobs, seen = [], {}
     for t, (name, cpu, mem, ngpu, gmilli, life) in arrivals:
@@ -158,7 +162,7 @@ def jobs_of(arrivals, rng: np.random.Generator, nic_gbps: float) -> list[Trainin
         seen[name] = seen.get(name, 0) + 1
         jid = name if seen[name] == 1 else f"{name}.{seen[name]}"
         jobs.append(TrainingJob(jid, model, t, speed * life, 1, workers, p_res, w_res,
-                                ZOO[model].batch, max_ps=1, max_workers=workers))
+                                ZOO[model].batch, max_ps=1, max_workers=workers, duration_s=life))
     return jobs
 
 

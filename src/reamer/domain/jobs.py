@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -14,6 +15,11 @@ class TrainingJob:
 
     ``ps``/``workers`` and ``ps_res``/``worker_res`` are the user's request (what the
     ``static`` policy keeps for the job's life). ``samples`` is the work to do.
+
+    ``duration_s`` (optional): a fixed wall-clock run time, as a pod deleted at the end of its
+    lifetime: the job completes at its first start + ``duration_s`` whatever its speed, having
+    done the samples its speed allowed (``samples`` is then only its nominal size, e.g. the work
+    at its request speed, which policies may read; its progress is not capped by it).
     """
 
     id: str
@@ -28,6 +34,11 @@ class TrainingJob:
     max_ps: int = 8
     max_workers: int = 16
     max_cores_per_container: float = 16.0
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"job {self.id}: duration_s must be a finite number > 0, got {self.duration_s!r}")
 
     @property
     def request(self) -> Resources:

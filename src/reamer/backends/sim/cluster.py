@@ -134,7 +134,8 @@ class SimCluster:
         touched = self._release(j)
         j.state = JobState.DONE
         j.finished = now
-        j.done = j.spec.samples
+        if j.spec.duration_s is None:
+            j.done = j.spec.samples  # a fixed-duration job keeps the samples it did
         del self.running[jid]
         self._refresh(touched, now)
         return True
@@ -283,6 +284,9 @@ class SimCluster:
             j.started = now
         j.t_last = j.tel_since = j.last_change = now
         j.tel_done = j.done
+        if j.spec.duration_s is not None:  # ends at its first start + duration, whatever its speed
+            j.version += 1
+            self.on_change(j.spec.id, max(now, j.started + j.spec.duration_s), j.version)
         return {p.node for p in d.placements} | {"job:" + j.spec.id}
 
     def _running_container(self, cid: str) -> tuple[_Job, Container]:
@@ -367,7 +371,8 @@ class SimCluster:
     def _progress(self, j: _Job, now: float) -> None:
         start = max(j.t_last, j.paused_until)
         if j.state is JobState.RUNNING and now > start:
-            j.done = min(j.spec.samples, j.done + j.step.speed * (now - start))
+            done = j.done + j.step.speed * (now - start)
+            j.done = min(j.spec.samples, done) if j.spec.duration_s is None else done
         j.t_last = now
 
     def _account(self, j: _Job, new: Step) -> None:
@@ -396,8 +401,11 @@ class SimCluster:
                 continue
             self._account(j, new)
             j.version += 1
-            left = j.spec.samples - j.done
-            eta = max(now, j.paused_until) + left / new.speed if new.speed > 0 else math.inf
+            if j.spec.duration_s is not None:
+                eta = max(now, (now if j.started is None else j.started) + j.spec.duration_s)
+            else:
+                left = j.spec.samples - j.done
+                eta = max(now, j.paused_until) + left / new.speed if new.speed > 0 else math.inf
             self.on_change(jid, eta, j.version)
 
     def _speed(self, j: _Job) -> Step:

@@ -170,7 +170,8 @@ def simulate(
         cluster._integrate(min(horizon, inf.windows * inf.interval_s))
     cluster._integrate(max((j.finished or 0.0) for j in cluster.jobs.values()) if cluster.jobs else 0.0)
     records = [
-        JobRecord(j.spec.id, j.spec.model, j.spec.arrival_s, j.started, j.finished, j.queue_s, j.spec.samples, j.reconfigs)
+        JobRecord(j.spec.id, j.spec.model, j.spec.arrival_s, j.started, j.finished, j.queue_s,
+                  j.spec.samples if j.spec.duration_s is None else j.done, j.reconfigs)
         for j in cluster.jobs.values()
         if j.state is JobState.DONE
     ]
