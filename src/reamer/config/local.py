@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from reamer.config.scenario import read_yaml
 from reamer.errors import InputError
 
 Pos = Annotated[float, Field(gt=0)]
@@ -110,10 +111,4 @@ def load_local(path: str | Path | None = None) -> LocalScenario:
         return parse_local(yaml.safe_load(resources.files("reamer.data").joinpath("local.yaml").read_text()),
                            "local.yaml")
     p = Path(path)
-    if not p.is_file():
-        raise InputError(str(p), "file", "an existing local scenario YAML file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise InputError(str(p), "YAML", f"valid YAML ({getattr(e, 'problem', e)})") from None
-    return parse_local(data, str(p))
+    return parse_local(read_yaml(p, "an existing local scenario YAML file"), str(p))

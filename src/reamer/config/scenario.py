@@ -244,12 +244,16 @@ def load_scenario(path: str | Path | None) -> Scenario:
     if path is None:
         return load_embedded("default")
     p = Path(path)
+    return parse_scenario(read_yaml(p, "an existing scenario YAML file"), str(p), p.parent)
+
+
+def read_yaml(p: Path, expected: str) -> Any:
+    """The parsed YAML file ``p``; a missing file or bad YAML is a one-line InputError."""
     if not p.is_file():
-        raise InputError(str(p), "file", "an existing scenario YAML file")
+        raise InputError(str(p), "file", expected)
     try:
-        data = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         raise InputError(str(p), where, f"valid YAML ({getattr(e, 'problem', e)})") from None
-    return parse_scenario(data, str(p), p.parent)
