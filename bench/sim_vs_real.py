@@ -12,7 +12,9 @@ serve with the same shape): p99 latency over the run, and per one-window.
 The served model's service time and serving path are measured right before and right after
 the real run (``reamer.calibration.inference`` / ``serving``; their mean is used): this VM's
 speed drifts by tens of percent over minutes (the same ONNX Runtime call took 4.6-7.6 ms
-within 30 s here). ``--replica-cpus`` / ``--apparatus-cpus`` keep the measuring apparatus
+within 30 s here); a run whose two calibrations differ by more than ``--max-drift`` (15%) is
+not a valid comparison and is repeated (``--tries``), and the discarded runs are counted in
+the output. ``--replica-cpus`` / ``--apparatus-cpus`` keep the measuring apparatus
 (controller, router, load generator) off the replica's CPU.
 
 Simulated side: :func:`reamer.backends.sim.simulate` with the scenario's hosts as nodes
@@ -155,6 +157,10 @@ def main() -> int:
     ap.add_argument("--replica-cpus", default=None, help="pin the replica to these CPUs, e.g. 1 (default: its node's)")
     ap.add_argument("--apparatus-cpus", default=None,
                     help="pin this controller, the router and the load generator to these CPUs, e.g. 0")
+    ap.add_argument("--max-drift", type=float, default=0.15,
+                    help="a run whose calibrations before and after differ by more than this share (per-sample time) "
+                         "is not a valid comparison and is repeated")
+    ap.add_argument("--tries", type=int, default=3, help="runs at most (the last one is kept whatever its drift)")
     ap.add_argument("--no-calibrate", action="store_true",
                     help="use the profile's service time as is (default: measure the served model's service time "
                          "and serving path right before the real run: this VM's speed drifts by tens of percent)")
@@ -176,18 +182,27 @@ def main() -> int:
         print(f"sim_vs_real: {a.profiles or 'shipped profile'}: no inference profile for {svc.model} "
               "(run: reamer calibrate)", file=sys.stderr)
         return 2
-    before = calibrate_service(svc.model) if svc is not None and not a.no_calibrate else None
     host = max(sc.hosts, key=lambda h: h.cores).name
     fixed = [(svc.id, host, a.replica_cores, a.max_batch, a.max_wait_ms / 1e3)] if svc else None
-
-    console.print("real run …")
     cpus = lambda v: [int(x) for x in v.split(",")] if v else None  # noqa: E731
-    real = run_scenario(sc, prof, fixed_replicas=fixed, replica_cpus=cpus(a.replica_cpus),
-                        apparatus_cpus=cpus(a.apparatus_cpus),
-                        on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} {r.shapes}",
-                                                         highlight=False))
-    if before is not None:
+    discarded: list[float] = []
+    for attempt in range(1, a.tries + 1):
+        before = calibrate_service(svc.model) if svc is not None and not a.no_calibrate else None
+        console.print(f"real run (attempt {attempt}) …")
+        real = run_scenario(sc, prof, fixed_replicas=fixed, replica_cpus=cpus(a.replica_cpus),
+                            apparatus_cpus=cpus(a.apparatus_cpus),
+                            on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} {r.shapes}",
+                                                             highlight=False))
+        if before is None:
+            break
         after = calibrate_service(svc.model)
+        drift = abs(after["b_ms"] - before["b_ms"]) / statistics.fmean([after["b_ms"], before["b_ms"]])
+        if drift <= a.max_drift or attempt == a.tries:
+            break
+        discarded.append(drift)
+        console.print(f"the machine's speed drifted {100 * drift:.0f}% during the run (calibrations before and "
+                      f"after): the comparison would not be valid; again")
+    if before is not None:
         prof = with_service(prof, svc.model, [before, after])
     restart = statistics.fmean(real.result.restarts_s) if real.result.restarts_s else 0.0
     console.print(f"simulated run (restart_s = {restart:.1f} s, measured) …")
@@ -228,6 +243,8 @@ def main() -> int:
         if before is not None:
             for tag, e in (("before", before), ("after", after)):
                 m[f"calib_{tag}_b_ms"], m[f"calib_{tag}_request_ms"] = e["b_ms"], e["request_ms"]
+            m["calib_drift_pct"] = 100.0 * drift
+            m["runs_discarded_for_drift"] = float(len(discarded))
         m.update({"real_p99_ms": real_p99 if real_p99 is not None else float("nan"), "sim_p99_ms": sim_p99,
                   "sim_inference_slowdown_ratio": slow, "real_requests": float(rep.get("ok", 0)),
                   "real_errors": float(sum(rep.get("errors", {}).values()))})

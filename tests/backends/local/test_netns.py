@@ -475,6 +475,12 @@ time.sleep(60)
 """
 
 
+def terminal_signals() -> None:
+    """A background job of a non-interactive shell starts with SIGINT ignored, and so would the
+    child: give it the default disposition a process started from a terminal has."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.privileged
 @pytest.mark.parametrize("how", ["kill -9 then sweep", "SIGTERM with close_on_exit", "Ctrl-C with close_on_exit"])
 def test_real_owner_process_dies(how):
@@ -483,6 +489,7 @@ def test_real_owner_process_dies(how):
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, PREFIX, "plain" if sig == signal.SIGKILL else "opt-in"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=terminal_signals,  # as from a terminal, even when the tests run in a background job
     )  # fmt: skip
     try:
         names = child.stdout.readline().split()

@@ -83,7 +83,8 @@ def _controller(tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "reamer.cli.main", "local", str(path),
                              "--report", str(tmp_path / "r.html")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "200"})
+                            env={**os.environ, "COLUMNS": "200"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
 
 
 def _wait_running(tmp_path: Path, p: subprocess.Popen) -> None:
