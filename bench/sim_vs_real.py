@@ -80,8 +80,8 @@ class Recorder:
                 for c in v.containers:
                     if tel is not None and c.id in tel.containers:
                         node_cpu[c.node] = node_cpu.get(c.node, 0.0) + tel.containers[c.id].cpu_used
-            self.rounds.append(SimRound(
-                snap.now, {j: t.speed for j, t in snap.telemetry.items()},
+            self.rounds.append(SimRound(  # speed 0 = paused for a restart: no measurement, as the real backend has none
+                snap.now, {j: t.speed for j, t in snap.telemetry.items() if t.speed > 0},
                 {v.id: diagnose(v, snap.telemetry[v.id], self.cpu_sat, self.net_sat).bottleneck
                  for v in snap.running if v.id in snap.telemetry},
                 {v.id: (len(v.of_role(Role.PS)), len(v.of_role(Role.WORKER)), v.allocated.cpu) for v in snap.running},
