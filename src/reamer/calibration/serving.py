@@ -37,7 +37,6 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
             tick: Callable[[], None], max_batch: int = 8, load_s: float = 10.0) -> dict:  # fmt: skip
     from reamer.workloads.real import loadgen
     from reamer.workloads.real.inference_server import parse_prometheus
-    from reamer.workloads.real.nets import INPUT_SHAPE
     from reamer.workloads.real.router import Router
 
     cg = f"serve-{name}"
@@ -53,7 +52,7 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
         router.start()
         router.set_backends([("127.0.0.1", port, 1.0)])
         host, rport = router.server_address[:2]
-        body = np.random.default_rng(0).standard_normal(INPUT_SHAPE).astype("<f4").tobytes()
+        body = loadgen.default_payload(0)
 
         def one() -> float:
             t = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reamer.domain.cluster import Resources, Role
@@ -55,3 +56,17 @@ Decision = StartJob | Resize | AddContainer | RemoveContainer | Preempt
 
 class InvalidDecision(ValueError):
     """A policy asked for something impossible (a bug in the policy, never ignored)."""
+
+
+def check_start(d: StartJob, free: Mapping[str, Resources]) -> None:
+    """A gang start every backend accepts: the placements fit the nodes' free resources
+    together, and the job gets at least one PS and one worker."""
+    need: dict[str, Resources] = {}
+    for p in d.placements:
+        need[p.node] = need.get(p.node, Resources()) + p.res
+    for node, res in need.items():
+        if node not in free or not res.fits_in(free[node]):
+            raise InvalidDecision(f"start {d.job}: {res} does not fit on {node}")
+    roles = {p.role for p in d.placements}
+    if Role.PS not in roles or Role.WORKER not in roles:
+        raise InvalidDecision(f"start {d.job}: needs at least one PS and one worker")

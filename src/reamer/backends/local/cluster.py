@@ -55,7 +55,7 @@ from reamer.domain import (
     StartJob,
     TrainingJob,
 )
-from reamer.domain.decisions import InvalidDecision, Placement
+from reamer.domain.decisions import InvalidDecision, Placement, check_start
 
 PS_MODULE = "reamer.workloads.real.ps_training"
 
@@ -381,15 +381,7 @@ class LocalCluster:
 
     def _start(self, d: StartJob, now: float) -> None:
         j = self._job(d.job, JobState.QUEUED)
-        roles = {p.role for p in d.placements}
-        if Role.PS not in roles or Role.WORKER not in roles:
-            raise InvalidDecision(f"start {d.job}: needs at least one PS and one worker")
-        need: dict[str, Resources] = {}
-        for p in d.placements:
-            need[p.node] = need.get(p.node, Resources()) + p.res
-        for node, res in need.items():
-            if node not in self.free or not res.fits_in(self.free[node]):
-                raise InvalidDecision(f"start {d.job}: {res} does not fit on {node}")
+        check_start(d, self.free)
         for p in d.placements:
             self._place(j, p)
         j.state = JobState.RUNNING

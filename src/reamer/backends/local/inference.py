@@ -138,21 +138,9 @@ class LocalInference:
                 self.executor.set_cpuset(name, self.load_cpus)
             argv = [self.python, "-m", LOADGEN_MODULE, "--url", s.router.url,
                     "--rates", ",".join(f"{r:g}" for r in spec.rates), "--interval", f"{spec.window_s:g}",
-                    "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed), "--max-inflight", "32",
-                    "--payload-file", str(self._payload())]
+                    "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed), "--max-inflight", "32"]
             s.loadgen = Proc(argv, cgroup=name, executor=self.executor, log=self.workdir / "logs" / f"{name}.log",
                              env=self.training._env(), clock=self.clock)
-
-    def _payload(self) -> Path:
-        import numpy as np
-
-        from reamer.workloads.real.nets import INPUT_SHAPE
-
-        p = self.workdir / "payload.bin"
-        if not p.exists():
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(np.random.default_rng(self.seed).standard_normal(INPUT_SHAPE).astype("<f4").tobytes())
-        return p
 
     @property
     def load_done(self) -> bool:

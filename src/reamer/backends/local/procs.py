@@ -131,7 +131,9 @@ class Proc:
 
     def close(self) -> None:
         """After the process ended: let the reader drain its pipe, then close files."""
-        self._reader.join(timeout=2.0) if hasattr(self, "_reader") else None
+        reader = getattr(self, "_reader", None)  # absent when the constructor failed
+        if reader is not None:
+            reader.join(timeout=2.0)
         for f in (self.p.stdout, self._log):
             with contextlib.suppress(Exception):
                 f.close()  # type: ignore[union-attr]

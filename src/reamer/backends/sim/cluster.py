@@ -31,7 +31,7 @@ from reamer.domain import (
     StartJob,
     TrainingJob,
 )
-from reamer.domain.decisions import InvalidDecision, Placement  # InvalidDecision: re-exported
+from reamer.domain.decisions import InvalidDecision, Placement, check_start  # InvalidDecision: re-exported
 from reamer.models.training import ZERO_STEP, Calibration, ModelProfile, Side, Step, step
 from reamer.models.zoo import ZOO, gpu_factor
 
@@ -265,15 +265,7 @@ class SimCluster:
 
     def _start(self, d: StartJob, now: float) -> set[str]:
         j = self._job(d.job, JobState.QUEUED)
-        need: dict[str, Resources] = {}
-        for p in d.placements:
-            need[p.node] = need.get(p.node, Resources()) + p.res
-        for node, res in need.items():
-            if node not in self.free or not res.fits_in(self.free[node]):
-                raise InvalidDecision(f"start {d.job}: {res} does not fit on {node}")
-        roles = [p.role for p in d.placements]
-        if Role.PS not in roles or Role.WORKER not in roles:
-            raise InvalidDecision(f"start {d.job}: needs at least one PS and one worker")
+        check_start(d, self.free)
         for p in d.placements:
             self._place(j, p)
         del self.queue[d.job]
