@@ -42,6 +42,8 @@ Pos = Annotated[float, Field(gt=0)]
 NonNeg = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Diagnostics = dict[str, float | int | str | bool | None]
+# how request_ms / delay_ms were measured: scalars, and the loaded runs the fit used
+ServingDiagnostics = dict[str, float | int | str | bool | None | list[dict[str, float | int]]]
 
 
 class _Strict(BaseModel):
@@ -88,7 +90,7 @@ class InferenceEntry(_Strict):
     input: str = ""
     request_ms: NonNeg = 0.0  # server CPU per request besides the model (measured through the server)
     delay_ms: NonNeg = 0.0  # fixed latency per request outside the server's CPU (router, loopback)
-    serving: Diagnostics = Field(default_factory=dict)  # how request_ms / delay_ms were measured
+    serving: ServingDiagnostics = Field(default_factory=dict)
     source: str = ""
 
 

@@ -50,7 +50,6 @@ from reamer.domain import (
     StartJob,
     TrainingJob,
 )
-from reamer.domain.decisions import Placement
 from reamer.policies.diagnosis import Diagnosis, diagnose
 from reamer.policies.placement import FreeMap, Strategy
 

@@ -104,19 +104,30 @@ def _fmt(v: object) -> str:
 
 def colocation_figures(results: Sequence) -> list[go.Figure]:
     """GPU training nodes' CPU stacked (training use, training unused, inference, idle) per
-    run, and each service's per-window p99 against its SLO."""
+    run, for all GPU nodes together or one node (a menu), and each service's per-window p99
+    against its SLO."""
     figs = []
     stack = make_subplots(rows=len(results), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                           subplot_titles=[f"{r.policy}: CPU of GPU training nodes (cores)" for r in results])
     layers = (("training_used_cores", "training use", "#1f77b4"), ("training_unused_cores", "training unused", "#aec7e8"),
               ("harvested_cores", "inference (harvested)", "#2ca02c"), ("idle_cores", "idle", "#dddddd"))
-    for row, r in enumerate(results, start=1):
-        s = r.inference_series
-        t = [x / 3600.0 for x in s["t"]]
-        for key, label, color in layers:
-            x, y = _thin(t, s.get(key, [0.0] * len(t)))
-            stack.add_scatter(x=x, y=y, name=label, legendgroup=label, showlegend=row == 1, stackgroup=f"s{row}",
-                              mode="lines", line={"width": 0.5, "color": color}, row=row, col=1)
+    nodes = sorted({k.split(":", 2)[2] for r in results for k in r.inference_series if k.startswith("node_cpu:")})
+    views = ["", *nodes]  # "" = all GPU nodes
+    owner: list[str] = []  # the view of each trace
+    for view in views:
+        for row, r in enumerate(results, start=1):
+            s = r.inference_series
+            t = [x / 3600.0 for x in s["t"]]
+            for key, label, color in layers:
+                x, y = _thin(t, s.get(f"node_cpu:{key}:{view}" if view else key, [0.0] * len(t)))
+                stack.add_scatter(x=x, y=y, name=label, legendgroup=label, showlegend=row == 1 and not view,
+                                  stackgroup=f"s{row}", mode="lines", line={"width": 0.5, "color": color},
+                                  visible=not view, row=row, col=1)
+                owner.append(view)
+    if nodes:
+        stack.update_layout(updatemenus=[{"x": 1.0, "y": 1.08, "xanchor": "right", "buttons": [
+            {"label": v or "all GPU nodes", "method": "update", "args": [{"visible": [o == v for o in owner]}]}
+            for v in views]}])
     stack.update_layout(title="Where the GPU nodes' CPU goes", height=260 * len(results))
     stack.update_xaxes(title_text="time (hours)", row=len(results), col=1)
     figs.append(stack)
@@ -127,7 +138,11 @@ def colocation_figures(results: Sequence) -> list[go.Figure]:
         for key in (key for key in s if key.startswith("p99_ms:")):
             x, y = _thin(t, s[key])
             lat.add_scatter(x=x, y=y, mode="lines", name=f"{r.policy} {key[7:]}", line={"color": _color(k)})
-    lat.update_layout(title="Per-service p99 latency per window (ms); SLOs in the table", yaxis_type="log",
+    slos = {k[7:]: v[0] for r in results for k, v in r.inference_series.items() if k.startswith("slo_ms:") and v}
+    for sid, slo in sorted(slos.items()):
+        lat.add_hline(y=slo, line={"dash": "dot", "color": "#888", "width": 1}, annotation_text=f"SLO {sid}",
+                      annotation_position="top left")
+    lat.update_layout(title="Per-service p99 latency per window (ms) and SLOs (dotted)", yaxis_type="log",
                       xaxis_title="time (hours)")
     figs.append(lat)
     return figs

@@ -15,7 +15,7 @@ from reamer.config.scenario import JobList, Openb, Scenario, Synthetic
 from reamer.domain import Node, Resources, TrainingJob
 from reamer.errors import InputError
 from reamer.models.training import Calibration, ModelProfile, Side, step
-from reamer.models.zoo import ZOO, gpu_factor
+from reamer.models.zoo import ZOO
 from reamer.workloads.csvio import integer, number, read_rows
 
 GIB = 1024.0

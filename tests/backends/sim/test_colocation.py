@@ -138,3 +138,28 @@ def test_drifting_need_reamer_keeps_training_fast(tmp_path):
     assert a["cpu_util_pct"] != b["cpu_util_pct"]  # the need really moves
     assert b["training_slowdown_pct"] < 1.0
     assert b["slo_attainment_pct"] >= 99.9
+
+
+def test_per_node_cpu_stack_adds_up_to_each_node_and_to_the_total(tmp_path):
+    from reamer.backends.sim.inference import NODE_LAYERS
+    from reamer.reports.html import colocation_figures
+
+    two = {**GPU_NODE, "count": 2}
+    sc = scenario(tmp_path, "j1,resnet50,0,1,2,1,12,1,100000\n", peak=60, horizon=3600)
+    sc = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"node_pools": [
+        sc.cluster.node_pools[0].model_copy(update={"count": 2})]})})
+    r = simulate(sc, "static", harvest="reamer")
+    s = r.inference_series
+    nodes = sorted({k.split(":", 2)[2] for k in s if k.startswith("node_cpu:")})
+    assert len(nodes) == two["count"]
+    for i in range(len(s["t"])):
+        for n in nodes:  # each node's layers stack to its cores
+            assert sum(s[f"node_cpu:{layer}:{n}"][i] for layer in NODE_LAYERS) == pytest.approx(GPU_NODE["cores"])
+        for layer in NODE_LAYERS:  # and the nodes' layers add up to the all-nodes stack
+            assert sum(s[f"node_cpu:{layer}:{n}"][i] for n in nodes) == pytest.approx(s[layer][i], abs=1e-6)
+    assert s["slo_ms:resnet"] == [300.0]
+    stack, lat = colocation_figures([r])
+    menu = stack.layout.updatemenus[0].buttons
+    assert [b.label for b in menu] == ["all GPU nodes", *nodes]
+    assert sum(menu[1].args[0]["visible"]) == len(NODE_LAYERS)  # one node's four layers
+    assert any("SLO resnet" in (a.text or "") for a in lat.layout.annotations)

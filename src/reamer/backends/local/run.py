@@ -21,6 +21,7 @@ class RoundLog:
     shapes: dict[str, tuple[int, int, float]]  # job → (PS, workers, cores)
     decisions: list[str]
     inference: dict[str, dict] = field(default_factory=dict)  # service → replicas, p99, rate
+    node_cpu: dict[str, float] = field(default_factory=dict)  # host → training CPU used (cores)
 
 
 @dataclass
@@ -69,6 +70,11 @@ def run_local(
                     for v in snap.running},
             decisions=[_describe(d) for d in decisions],
         )
+        for v in snap.running:
+            tel = snap.telemetry.get(v.id)
+            for c in v.containers if tel is not None else ():
+                if c.id in tel.containers:
+                    log.node_cpu[c.node] = log.node_cpu.get(c.node, 0.0) + tel.containers[c.id].cpu_used
         if h is not None:
             log.decisions += [_describe(d) for d in h.decisions]
             assert h.snapshot is not None

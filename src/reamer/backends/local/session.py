@@ -139,7 +139,11 @@ def run_scenario(
                 run.services[sid] = list(s.windows)
                 if s.loadgen is not None:
                     s.loadgen.wait(30)
-                    final = [ln.obj for ln in s.loadgen.since(0) if ln.obj.get("event") == "done"]
+                    lines = [ln.obj for ln in s.loadgen.since(0)]
+                    # every window the load generator reported (a harvest loop reads them as they come;
+                    # with fixed replicas nothing did)
+                    run.services[sid] = [o for o in lines if o.get("event") == "window"]
+                    final = [o for o in lines if o.get("event") == "done"]
                     if final:
                         run.load_reports[sid] = final[-1]
         return run

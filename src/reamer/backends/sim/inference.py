@@ -97,6 +97,7 @@ RHO_GRID = 0.01
 CORE_GRID = 0.05  # a replica's cores are rounded *down* to this grid for the latency lookups
 RHO_MAX = 0.97
 MISS_OK = 0.01 + 1e-12
+NODE_LAYERS = ("training_used_cores", "training_unused_cores", "harvested_cores", "idle_cores")  # report stack
 SLOW_MAX = 1000.0  # service-time stretch above which a replica is taken as stopped
 
 
@@ -229,6 +230,10 @@ class SimInference:
         }
         for sid in self.services:
             self.series[f"p99_ms:{sid}"] = []
+            self.series[f"slo_ms:{sid}"] = [1000.0 * self.services[sid].slo_s]
+        for n in self.train_nodes:  # the same stack per GPU node: "node_cpu:LAYER:NODE"
+            for layer in NODE_LAYERS:
+                self.series[f"node_cpu:{layer}:{n.name}"] = []
 
     # ------------------------------------------------------------------ helpers
     def window(self, now: float) -> int:
@@ -470,15 +475,25 @@ class SimInference:
             t.gpu_node_core_s += n.cores * dt
             slack = n.cores - sec.system_reserve_cores - self._training(n.name, False)
             t.over_slack_core_s += max(0.0, inf.get(n.name, 0.0) - max(0.0, slack)) * dt
+            self._stack(f":{n.name}", n.cores, train, sum(x.res.cpu for x in self.cluster.containers_on(n.name)),
+                        inf.get(n.name, 0.0))
         self.series["t"].append(now)
         self.series["harvested_cores"].append(harvested)
         self.series["pool_cores"].append(pool)
         self.series["slo_ok_pct"].append(100.0 * ok_now / max(1, len(self.services)))
-        rest = max(0.0, cores_sum - used_sum - harvested)  # stacks to the nodes' cores
-        unused = min(rest, max(0.0, alloc_sum - used_sum))
-        self.series["training_used_cores"].append(used_sum)
-        self.series["training_unused_cores"].append(unused)
-        self.series["idle_cores"].append(rest - unused)
+        self._stack("", cores_sum, used_sum, alloc_sum, harvested)
+
+    def _stack(self, suffix: str, cores: float, used: float, alloc: float, inference: float) -> None:
+        """Append one stacked-CPU sample (all GPU nodes: ``suffix`` "", one node: ":NODE")."""
+        rest = max(0.0, cores - used - inference)  # stacks to the cores
+        unused = min(rest, max(0.0, alloc - used))
+        vals = {"training_used_cores": used, "training_unused_cores": unused, "harvested_cores": inference,
+                "idle_cores": rest - unused}
+        for layer, v in vals.items():
+            if suffix:
+                self.series[f"node_cpu:{layer}{suffix}"].append(v)
+            elif layer != "harvested_cores":  # the total's inference layer is appended above
+                self.series[layer].append(v)
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:

@@ -57,7 +57,7 @@ class RunResult:
     metrics: dict[str, float]
     series: dict[str, list[float]] = field(default_factory=dict)
     timelines: dict[str, list[tuple[float, int, int, float]]] = field(default_factory=dict)
-    inference_series: dict[str, list[float]] = field(default_factory=dict)  # per SLO window
+    inference_series: dict[str, list[float]] = field(default_factory=dict)  # per SLO window ("slo_ms:*": one value)
 
 
 SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_alloc_pct", "gpu_alloc_pct")

@@ -1,0 +1,37 @@
+"""The serving-path fit: recovers a known request cost and delay from latency quantiles."""
+
+import numpy as np
+import pytest
+
+from reamer.calibration.serving import fit_path
+from reamer.models.inference import InferenceProfile, simulate_replica
+
+ENTRY = {"a_ms": 2.0, "b_ms": 5.0, "parallel_fraction": 0.5}
+
+
+def quantiles(request_ms: float, delay_ms: float, rate: float, seed: int) -> tuple[float, float, float]:
+    prof = InferenceProfile("t", ENTRY["a_ms"] / 1e3, ENTRY["b_ms"] / 1e3, 0.5, request_s=request_ms / 1e3,
+                            delay_s=delay_ms / 1e3)
+    arr = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, 40000))
+    p50, p99 = np.percentile(simulate_replica(arr, prof, 1.0, 8, 0.0), [50, 99])
+    return rate, float(p50), float(p99)
+
+
+def test_fit_recovers_the_request_cost_and_delay():
+    loads = [quantiles(1.5, 3.0, rate, seed=7) for rate in (35.0, 70.0)]
+    fit = fit_path(ENTRY, loads, 8)
+    assert fit["request_ms"] == pytest.approx(1.5, abs=0.5)  # the two trade off within sampling noise
+    assert fit["delay_ms"] == pytest.approx(3.0, abs=1.5)
+    assert fit["rms_err_pct"] < 5.0
+    for (_, p50, p99), (f50, f99) in zip(loads, fit["predicted"], strict=True):
+        assert f99 == pytest.approx(p99, rel=0.1) and f50 == pytest.approx(p50, rel=0.1)
+
+
+def test_fit_without_a_serving_cost_finds_none():
+    fit = fit_path(ENTRY, [quantiles(0.0, 0.0, rate, seed=3) for rate in (35.0, 70.0)], 8)
+    assert fit["request_ms"] <= 0.3 and fit["delay_ms"] <= 1.0
+
+
+def test_unstable_loads_are_an_error():
+    with pytest.raises(RuntimeError, match="stable"):
+        fit_path(ENTRY, [(1000.0, 0.01, 0.02)], 8)
