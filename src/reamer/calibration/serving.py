@@ -89,7 +89,7 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
             loaded.append((rate, q["p50"] / 1e3, q["p99"] / 1e3, rep["ok"], (c1 - c0) / max(1, rep["ok"])))
     finally:
         p.kill()
-        router.server_close()
+        router.stop()
         ex.remove(cg, kill=True)
     tick()
     model_s = (entry["a_ms"] + entry["b_ms"]) / 1e3  # batch 1 at one core (E(1) = 1)

@@ -61,10 +61,17 @@ class Router(ThreadingHTTPServer):
         self._thread.start()
 
     def stop(self) -> None:
-        self.shutdown()
         self.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+
+    def server_close(self) -> None:
+        """Stop serving first: ``serve_forever`` on a closed socket spins a CPU (poll reports the
+        closed descriptor at once, accept fails, again), so never close under a running loop."""
+        t = self._thread
+        if t is not None and t.is_alive() and threading.current_thread() is not t:
+            self.shutdown()
+        super().server_close()
 
 
 class _Handler(BaseHTTPRequestHandler):
