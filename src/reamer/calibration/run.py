@@ -167,7 +167,8 @@ def calibrate(
                         log(f"inference {name}: {len(entries[name]['contended'])} points disturbed by other processes")
                     if ex is not None and name in real_models():  # the serving path, through the real server
                         entries[name].update(serving.measure(ex, name, entries[name], nproc, 60 if quick else 300,
-                                                             Path(tmp), step(f"serving: {name}")))
+                                                             Path(tmp), step(f"serving: {name}"),
+                                                             load_s=5.0 if quick else 20.0))
                     elif name in real_models():
                         log(f"skipped the serving-path measurement of {name}: {reason}")
             _warn(log, "inference", meter.cores())
