@@ -139,7 +139,8 @@ def calibrate_service(model: str) -> dict:
                                           lambda: None)
             finally:
                 os.sched_setaffinity(0, apparatus)
-            entry.update(serving.measure(ex, model, entry, os.cpu_count() or 1, 200, Path(tmp), lambda: None))
+            entry.update(serving.measure(ex, model, entry, os.cpu_count() or 1, 200, Path(tmp), lambda: None,
+                                         load_s=45.0))  # p99 from ~1,700 and ~3,500 requests
     finally:
         ex.sweep()
     console.print(f"  {model}: a {entry['a_ms']} ms, b {entry['b_ms']} ms, f {entry['parallel_fraction']}, "
@@ -288,6 +289,8 @@ def main() -> int:
                                               "replica_cpus": a.replica_cpus, "apparatus_cpus": a.apparatus_cpus,
                                               "max_wait_ms": a.max_wait_ms, "host": host, **labels})
     entry["series"] = series  # per-window p99 (ms) of the service, real and simulated
+    if before is not None:
+        entry["calibrations"] = {"before": before, "after": after}  # the served model's entries, as measured
     doc = document("sim_vs_real", [entry], ratios)
     write_json(a.json, doc)
     print(json.dumps({"metrics": m, **labels, "real_phases": rp, "sim_phases": sp}, indent=1, default=str))
