@@ -9,7 +9,8 @@ that CPU (loopback, router, client stack):
 
 * ``delay_ms``   = mean latency − server CPU per request — a fixed delay per request.
 
-Then, under open-loop Poisson load at two rates (``LOADS`` × the one-at-a-time capacity, at
+Then, under open-loop Poisson load from the load generator as deployed (its own process, off
+the server's CPU, as many senders as in a local run) at two rates (``LOADS`` × the one-at-a-time capacity, at
 most ``MAX_RATE``;
 dynamic batching on, ``max_batch`` as deployed), the latency quantiles as the load generator
 sees them through the router — what a replica model must reproduce. The serving path is
@@ -37,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from reamer.backends.local.cgroups import CgroupExecutor
+from reamer.backends.local.inference import LOAD_MAX_INFLIGHT, LOADGEN_MODULE
 from reamer.backends.local.procs import Proc
 
 LOADS = (0.3, 0.6)  # open-loop rates, × the one-at-a-time capacity (1 / server CPU per request)
@@ -85,10 +87,21 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
         lat = [one() for _ in range(n)]
         cpu = (ex.read_stats(cg).usage_s - st0.usage_s) / n
         loaded = []  # (rate, p50 s, p99 s, requests, server CPU per request s)
-        for share in LOADS:  # open loop, a share of the one-at-a-time capacity
+        lg = f"load-{name}"  # the load generator as deployed: its own process, off the server's CPU
+        ex.create(lg)
+        if nproc >= 2:
+            ex.set_cpuset(lg, list(range(nproc - 1)))
+        for k, share in enumerate(LOADS):  # open loop, a share of the one-at-a-time capacity
             rate = min(share / cpu, MAX_RATE * share / LOADS[-1])
             c0 = ex.read_stats(cg).usage_s
-            rep = loadgen.run_load(router.url, rates=[rate], duration_s=load_s, seed=1, payload=body)
+            gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", router.url, "--rate", f"{rate:.4f}",
+                        "--duration", f"{load_s:g}", "--seed", "1", "--max-inflight", str(LOAD_MAX_INFLIGHT)],
+                       cgroup=lg, executor=ex, log=tmp / f"{lg}-{k}.log")
+            try:
+                rep = gen.wait_for("done", load_s + 120)
+            finally:
+                gen.kill()
+                gen.close()
             c1 = ex.read_stats(cg).usage_s
             q = rep["latency_ms"]
             loaded.append((rate, q["p50"] / 1e3, q["p99"] / 1e3, rep["ok"], (c1 - c0) / max(1, rep["ok"])))
@@ -96,6 +109,7 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
         p.kill()
         router.stop()
         ex.remove(cg, kill=True)
+        ex.remove(f"load-{name}", kill=True)
     tick()
     model_s = (entry["a_ms"] + entry["b_ms"]) / 1e3  # batch 1 at one core (E(1) = 1)
     mean = statistics.fmean(lat)

@@ -49,6 +49,7 @@ from reamer.workloads.real.router import Router
 
 SERVER_MODULE = "reamer.workloads.real.inference_server"
 LOADGEN_MODULE = "reamer.workloads.real.loadgen"
+LOAD_MAX_INFLIGHT = 32  # the load generator's sender threads (the serving calibration uses the same)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,7 @@ class LocalInference:
                 self.executor.set_cpuset(name, self.load_cpus)
             argv = [self.python, "-m", LOADGEN_MODULE, "--url", s.router.url,
                     "--rates", ",".join(f"{r:g}" for r in spec.rates), "--interval", f"{spec.window_s:g}",
-                    "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed), "--max-inflight", "32"]
+                    "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed), "--max-inflight", str(LOAD_MAX_INFLIGHT)]
             s.loadgen = Proc(argv, cgroup=name, executor=self.executor, log=self.workdir / "logs" / f"{name}.log",
                              env=self.training._env(), clock=self.clock)
 
