@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -120,7 +121,6 @@ def with_service(prof: Profiles, model: str, entries: list[dict]) -> Profiles:
 def calibrate_service(model: str) -> dict:
     """``model``'s inference entry measured now: ONNX Runtime fit at 1 and 2 cores, then the
     serving path through the real server."""
-    import os
     import tempfile
 
     from reamer.calibration import inference, serving
@@ -194,8 +194,6 @@ def main() -> int:
     fixed = [(svc.id, host, a.replica_cores, a.max_batch, a.max_wait_ms / 1e3)] if svc else None
     cpus = lambda v: [int(x) for x in v.split(",")] if v else None  # noqa: E731
     if a.apparatus_cpus:  # the calibrations' router and load generator run where the run's do
-        import os
-
         os.sched_setaffinity(0, set(cpus(a.apparatus_cpus)))
     discarded: list[float] = []
     for attempt in range(1, a.tries + 1):

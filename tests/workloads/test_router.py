@@ -74,9 +74,8 @@ def test_closing_a_running_router_stops_its_loop_instead_of_spinning():
 
     r = Router()
     r.start()
-    time.sleep(0.3)
+    time.sleep(0.3)  # the loop is serving
     r.server_close()
-    t0 = time.process_time()
-    time.sleep(1.0)
-    assert time.process_time() - t0 < 0.3  # a spinning loop burns ~1 s of CPU here
-    assert r._thread is not None and not r._thread.is_alive()
+    assert r._thread is not None
+    r._thread.join(timeout=5.0)  # the loop has ended, not spinning on the closed socket
+    assert not r._thread.is_alive()

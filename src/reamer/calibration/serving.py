@@ -1,22 +1,18 @@
 """The serving path around the model: what a request costs in the real inference server
 besides the ONNX Runtime run, measured through the server (and the router) as deployed.
 
-The server (:mod:`reamer.workloads.real.inference_server`, ``max_batch`` 1) runs in a cgroup
-with a 1-core quota pinned to the last CPU; requests go one at a time (a new connection
-each, as the load generator sends them) through a :class:`~reamer.workloads.real.router.Router`.
-With one request in flight, its latency is the server's CPU time for it plus a delay outside
-that CPU (loopback, router, client stack):
-
-* ``delay_ms``   = mean latency − server CPU per request — a fixed delay per request.
-
-Then, under open-loop Poisson load from the load generator as deployed (its own process, off
-the server's CPU, as many senders as in a local run) at two rates (``LOADS`` × the one-at-a-time capacity, at
-most ``MAX_RATE``;
-dynamic batching on, ``max_batch`` as deployed), the latency quantiles as the load generator
-sees them through the router — what a replica model must reproduce. The serving path is
-fitted to them (:func:`fit_path`): the CPU per request besides the model, which occupies the
-replica's cores like the model does, and the delay outside them, chosen so that
-:func:`reamer.models.inference.simulate_replica` gives the measured p50 and p99 at both rates:
+The server (:mod:`reamer.workloads.real.inference_server`, ``max_batch`` as deployed) runs in
+a cgroup with a 1-core quota pinned to the last CPU, behind a
+:class:`~reamer.workloads.real.router.Router`. First requests go one at a time (a new
+connection each, as the load generator sends them): the server's CPU per request, and the
+rest of the latency (``serving.accounting_delay_ms``). Then, under open-loop Poisson load
+from the load generator as deployed (its own process, off the server's CPU, as many senders
+as in a local run) at two rates (``LOADS`` × the one-at-a-time capacity, at most
+``MAX_RATE``), the latency quantiles as the load generator sees them — what a replica model
+must reproduce. The serving path is fitted to them (:func:`fit_path`): the CPU per request
+besides the model, which occupies the replica's cores like the model does, and the delay
+outside them, chosen so that :func:`reamer.models.inference.simulate_replica` gives the
+measured p50 and p99 at both rates:
 
 * ``request_ms``, ``delay_ms`` = the fit (its error in ``serving.fit_rms_err_pct``).
 

@@ -144,14 +144,13 @@ def test_per_node_cpu_stack_adds_up_to_each_node_and_to_the_total(tmp_path):
     from reamer.backends.sim.inference import NODE_LAYERS
     from reamer.reports.html import colocation_figures
 
-    two = {**GPU_NODE, "count": 2}
     sc = scenario(tmp_path, "j1,resnet50,0,1,2,1,12,1,100000\n", peak=60, horizon=3600)
     sc = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"node_pools": [
         sc.cluster.node_pools[0].model_copy(update={"count": 2})]})})
     r = simulate(sc, "static", harvest="reamer")
     s = r.inference_series
     nodes = sorted({k.split(":", 2)[2] for k in s if k.startswith("node_cpu:")})
-    assert len(nodes) == two["count"]
+    assert len(nodes) == 2
     for i in range(len(s["t"])):
         for n in nodes:  # each node's layers stack to its cores
             assert sum(s[f"node_cpu:{layer}:{n}"][i] for layer in NODE_LAYERS) == pytest.approx(GPU_NODE["cores"])

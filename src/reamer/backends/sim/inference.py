@@ -478,7 +478,6 @@ class SimInference:
             self._stack(f":{n.name}", n.cores, train, sum(x.res.cpu for x in self.cluster.containers_on(n.name)),
                         inf.get(n.name, 0.0))
         self.series["t"].append(now)
-        self.series["harvested_cores"].append(harvested)
         self.series["pool_cores"].append(pool)
         self.series["slo_ok_pct"].append(100.0 * ok_now / max(1, len(self.services)))
         self._stack("", cores_sum, used_sum, alloc_sum, harvested)
@@ -490,10 +489,7 @@ class SimInference:
         vals = {"training_used_cores": used, "training_unused_cores": unused, "harvested_cores": inference,
                 "idle_cores": rest - unused}
         for layer, v in vals.items():
-            if suffix:
-                self.series[f"node_cpu:{layer}{suffix}"].append(v)
-            elif layer != "harvested_cores":  # the total's inference layer is appended above
-                self.series[layer].append(v)
+            self.series[f"node_cpu:{layer}{suffix}" if suffix else layer].append(v)
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:
