@@ -15,7 +15,7 @@ speed drifts by tens of percent over minutes (the same ONNX Runtime call took 4.
 within 30 s here); a run whose two calibrations differ by more than ``--max-drift`` (15%) is
 not a valid comparison and is repeated (``--tries``), and the discarded runs are counted in
 the output. ``--replica-cpus`` / ``--apparatus-cpus`` keep the measuring apparatus
-(controller, router, load generator) off the replica's CPU.
+(controller, load generator) off the replica's CPU.
 
 Simulated side: :func:`reamer.backends.sim.simulate` with the scenario's hosts as nodes
 (link limit = NIC), the job, the measured restart time of the real run, and a recorder
@@ -164,7 +164,7 @@ def main() -> int:
     ap.add_argument("--max-wait-ms", type=float, default=0.0)
     ap.add_argument("--replica-cpus", default=None, help="pin the replica to these CPUs, e.g. 1 (default: its node's)")
     ap.add_argument("--apparatus-cpus", default=None,
-                    help="pin this controller, the router and the load generator to these CPUs, e.g. 0")
+                    help="pin this controller and the load generator to these CPUs, e.g. 0")
     ap.add_argument("--max-drift", type=float, default=0.15,
                     help="a run whose calibrations before and after differ by more than this share (per-sample time) "
                          "is not a valid comparison and is repeated")
@@ -193,7 +193,7 @@ def main() -> int:
     host = max(sc.hosts, key=lambda h: h.cores).name
     fixed = [(svc.id, host, a.replica_cores, a.max_batch, a.max_wait_ms / 1e3)] if svc else None
     cpus = lambda v: [int(x) for x in v.split(",")] if v else None  # noqa: E731
-    if a.apparatus_cpus:  # the calibrations' router and load generator run where the run's do
+    if a.apparatus_cpus:  # the calibrations' load generator runs where the run's does
         os.sched_setaffinity(0, set(cpus(a.apparatus_cpus)))
     discarded: list[float] = []
     for attempt in range(1, a.tries + 1):

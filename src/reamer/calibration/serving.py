@@ -1,9 +1,9 @@
 """The serving path around the model: what a request costs in the real inference server
-besides the ONNX Runtime run, measured through the server (and the router) as deployed.
+besides the ONNX Runtime run, measured through the server as deployed.
 
 The server (:mod:`reamer.workloads.real.inference_server`, ``max_batch`` as deployed) runs in
-a cgroup with a 1-core quota pinned to the last CPU, behind a
-:class:`~reamer.workloads.real.router.Router`. First requests go one at a time (a new
+a cgroup with a 1-core quota pinned to the last CPU; clients reach it directly, as a local
+run's clients reach its replicas (:mod:`reamer.workloads.real.endpoints`). First requests go one at a time (a new
 connection each, as the load generator sends them): the server's CPU per request, and the
 rest of the latency (``serving.accounting_delay_ms``). Then, under open-loop Poisson load
 from the load generator as deployed (its own process, off the server's CPU, as many senders
@@ -18,7 +18,7 @@ measured p50 and p99 at both rates:
 
 Accounting alone (server CPU − the model's CPU by the ``inference`` fit, ÷ requests; mean
 latency − server CPU) under-predicted the loaded p99 by 25-30% here: requests overlap in the
-server's threads and in the router, which a per-request CPU mean does not see. The
+server's threads, which a per-request CPU mean does not see. The
 accounting values are kept in ``serving`` for comparison.
 """
 
@@ -38,7 +38,7 @@ from reamer.backends.local.inference import LOAD_MAX_INFLIGHT, LOADGEN_MODULE
 from reamer.backends.local.procs import Proc
 
 LOADS = (0.3, 0.6)  # open-loop rates, × the one-at-a-time capacity (1 / server CPU per request)
-# The Python load generator and router keep up with about 400 requests/s on one core here
+# The Python load generator (with the router it used then) kept up with about 400 requests/s on one core here
 # (p99 ~1 s at 700/s for a 1 ms model: the apparatus, not the server, was measured); rates
 # are capped well below that.
 MAX_RATE = 200.0
@@ -47,21 +47,17 @@ MAX_RATE = 200.0
 def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp: Path,
             tick: Callable[[], None], max_batch: int = 8, load_s: float = 20.0) -> dict:  # fmt: skip
     from reamer.workloads.real import loadgen
-    from reamer.workloads.real.router import Router
 
     cg = f"serve-{name}"
     ex.create(cg)
     ex.set_cpu(cg, 1.0)
     if nproc >= 2:
         ex.set_cpuset(cg, [nproc - 1])
-    router = Router()
     p = Proc([sys.executable, "-m", "reamer.workloads.real.inference_server", "--model", name, "--max-batch",
               str(max_batch), "--max-wait-ms", "0"], cgroup=cg, executor=ex, log=tmp / f"{cg}.log")
     try:
-        port = int(p.wait_for("listening", 180)["port"])
-        router.start()
-        router.set_backends([("127.0.0.1", port, 1.0)])
-        host, rport = router.server_address[:2]
+        host, rport = "127.0.0.1", int(p.wait_for("listening", 180)["port"])
+        url = f"http://{host}:{rport}/infer"
         body = loadgen.default_payload(0)
 
         def one() -> float:
@@ -90,7 +86,7 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
         for k, share in enumerate(LOADS):  # open loop, a share of the one-at-a-time capacity
             rate = min(share / cpu, MAX_RATE * share / LOADS[-1])
             c0 = ex.read_stats(cg).usage_s
-            gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", router.url, "--rate", f"{rate:.4f}",
+            gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", url, "--rate", f"{rate:.4f}",
                         "--duration", f"{load_s:g}", "--seed", "1", "--max-inflight", str(LOAD_MAX_INFLIGHT)],
                        cgroup=lg, executor=ex, log=tmp / f"{lg}-{k}.log")
             try:
@@ -103,7 +99,6 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
             loaded.append((rate, q["p50"] / 1e3, q["p99"] / 1e3, rep["ok"], (c1 - c0) / max(1, rep["ok"])))
     finally:
         p.kill()
-        router.stop()
         ex.remove(cg, kill=True)
         ex.remove(f"load-{name}", kill=True)
     tick()

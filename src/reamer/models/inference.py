@@ -70,7 +70,7 @@ class InferenceProfile:
     # The serving path around the model, measured through the real server (0 when only the
     # model was profiled): CPU per request in the server besides the model (HTTP parsing,
     # decoding, the reply) — it occupies the replica's cores like the model does — and a
-    # fixed delay per request outside the server's CPU (loopback, router, client stack).
+    # fixed delay per request outside the server's CPU (loopback, client stack).
     request_s: float = 0.0
     delay_s: float = 0.0
 

@@ -89,7 +89,7 @@ class InferenceEntry(_Strict):
     params_m: NonNeg = 0.0
     input: str = ""
     request_ms: NonNeg = 0.0  # server CPU per request besides the model (measured through the server)
-    delay_ms: NonNeg = 0.0  # fixed latency per request outside the server's CPU (router, loopback)
+    delay_ms: NonNeg = 0.0  # fixed latency per request outside the server's CPU (client stack, loopback)
     serving: ServingDiagnostics = Field(default_factory=dict)
     source: str = ""
 

@@ -1,7 +1,8 @@
 """The local backend for inference harvesting: replicas of the real ONNX Runtime server
-(:mod:`reamer.workloads.real.inference_server`) in cgroups on the training nodes' CPUs, a
-router per service that splits requests by the policy's weights, and an open-loop load
-generator per service whose per-window p99 is what the policy observes.
+(:mod:`reamer.workloads.real.inference_server`) in cgroups on the training nodes' CPUs, an
+endpoints file per service that its clients balance over by the policy's weights
+(:mod:`reamer.workloads.real.endpoints`: no proxy hop), and an open-loop load generator per
+service whose per-window p99 is what the policy observes.
 
 Implements :class:`reamer.control.HarvestBackend`, like the simulator's ``SimInference``:
 
@@ -10,9 +11,10 @@ Implements :class:`reamer.control.HarvestBackend`, like the simulator's ``SimInf
   requests; per service, the last window's measured rate and p99 (from the load
   generator), the predicted rate (the last two windows, extrapolated, as in the simulator).
 * **actuate** — ``PlaceReplica`` starts a server in a new cgroup (quota = cores, cpuset =
-  the node's CPUs) and adds it to the router once it listens; ``ResizeReplica`` rewrites
-  the quota; ``MigrateReplica`` is make-before-break (new one listening and routed before
-  the old one leaves the router and stops); ``EvictReplica`` removes and stops it.
+  the node's CPUs) and publishes it in the service's endpoints once it listens;
+  ``ResizeReplica`` rewrites the quota; ``MigrateReplica`` is make-before-break (new one
+  listening and published before the old one leaves the endpoints and stops);
+  ``EvictReplica`` removes and stops it.
 
 Replicas listen on the machine's loopback: a replica's node is its cgroup (CPUs), the
 testbed's network namespaces model only the training traffic.
@@ -45,7 +47,7 @@ from reamer.domain.inference import (
     ServiceState,
 )
 from reamer.models.inference import InferenceProfile, capacity_per_replica
-from reamer.workloads.real.router import Router
+from reamer.workloads.real.endpoints import write_endpoints
 
 SERVER_MODULE = "reamer.workloads.real.inference_server"
 LOADGEN_MODULE = "reamer.workloads.real.loadgen"
@@ -68,7 +70,7 @@ class LocalService:
 @dataclass
 class _Service:
     spec: LocalService
-    router: Router
+    endpoints: Path  # the published endpoints file its clients balance over
     replicas: dict[str, Replica] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
@@ -112,9 +114,9 @@ class LocalInference:
         for s in services:
             if s.model not in profiles:
                 raise ValueError(f"service {s.id}: no inference profile for model {s.model!r}")
-            r = Router()
-            r.start()
-            self.services[s.id] = _Service(s, r)
+            path = self.workdir / "endpoints" / f"{s.id}.json"
+            write_endpoints(path, [])
+            self.services[s.id] = _Service(s, path)
         self.owner: dict[str, str] = {}  # replica → service
         self._cpu: dict[str, tuple[float, CpuStats]] = {}
         self._expected: dict[str, float] = {}  # node → CPU training is about to take (joint loop)
@@ -137,7 +139,7 @@ class LocalInference:
             self.executor.create(name)  # no quota: accounted apart from the services
             if self.load_cpus is not None:
                 self.executor.set_cpuset(name, self.load_cpus)
-            argv = [self.python, "-m", LOADGEN_MODULE, "--url", s.router.url,
+            argv = [self.python, "-m", LOADGEN_MODULE, "--endpoints", str(s.endpoints), "--path", "/infer",
                     "--rates", ",".join(f"{r:g}" for r in spec.rates), "--interval", f"{spec.window_s:g}",
                     "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed), "--max-inflight", str(LOAD_MAX_INFLIGHT)]
             s.loadgen = Proc(argv, cgroup=name, executor=self.executor, log=self.workdir / "logs" / f"{name}.log",
@@ -281,11 +283,11 @@ class LocalInference:
                                      s.spec.slo_p99_s) for r in reps]
         if sum(caps) <= 0:
             caps = [1.0] * len(reps)
-        s.router.set_backends([("127.0.0.1", s.ports[r.id], c) for r, c in zip(reps, caps, strict=True)])
+        write_endpoints(s.endpoints, [("127.0.0.1", s.ports[r.id], c) for r, c in zip(reps, caps, strict=True)])
 
     def _stop(self, s: _Service, rid: str) -> None:
-        """Take the replica out of the router, let its in-flight requests finish
-        (``drain_s``), then stop it."""
+        """Take the replica out of the endpoints, let its in-flight requests (and those its
+        clients picked before they saw the new file) finish (``drain_s``), then stop it."""
         s.replicas.pop(rid, None)
         self._route(s)
         p = s.procs.pop(rid, None)
@@ -309,8 +311,6 @@ class LocalInference:
             for rid in list(s.procs):
                 with contextlib.suppress(Exception):
                     self._stop(s, rid)
-            with contextlib.suppress(Exception):
-                s.router.stop()
 
     def __enter__(self) -> LocalInference:
         return self

@@ -92,7 +92,7 @@ def run_scenario(
     """Run ``sc`` for real. ``fixed_replicas`` ``(service, node, cores, max_batch, max_wait_s)``
     places replicas once at the start and runs no harvesting policy (sim-vs-real runs).
     ``replica_cpus`` pins every inference replica (default: its node's CPUs);
-    ``apparatus_cpus`` pins this controller (and its routers) and the load generators, the
+    ``apparatus_cpus`` pins this controller and the load generators, the
     measuring apparatus, away from what is measured."""
     if apparatus_cpus is not None:
         os.sched_setaffinity(0, set(apparatus_cpus))

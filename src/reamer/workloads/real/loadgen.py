@@ -2,6 +2,7 @@
 
     python -m reamer.workloads.real.loadgen --url http://127.0.0.1:8080/infer --rate 50 --duration 10
     python -m reamer.workloads.real.loadgen --url ... --rates 10,20,40,20 --interval 1 --seed 3
+    python -m reamer.workloads.real.loadgen --endpoints svc.json --path /infer --rate 50
 
 Arrivals are a Poisson process whose rate is piecewise constant: ``--rate`` for the
 whole run, or ``--rates`` (one rate per ``--interval`` seconds, e.g. per second from a
@@ -10,7 +11,9 @@ trace). The schedule is drawn up front from ``--seed`` and bounded by ``--durati
 earlier ones have answered; a pool of ``--max-inflight`` sender threads sends them
 (stdlib ``http.client``, one connection per request), and latency is measured from the
 *scheduled* arrival, so a backlog on the client side shows up as latency rather than as a
-silently lower rate. Only the given URL is ever contacted.
+silently lower rate. Only the given URL is ever contacted, or, with ``--endpoints``, the
+replicas a controller publishes in that file (:mod:`reamer.workloads.real.endpoints`:
+weighted client-side balancing, re-read when the file changes).
 
 The report (stdout, one JSON object): sent / ok / errors, offered and achieved rate,
 latency p50 / p95 / p99 / mean / max in milliseconds.
@@ -28,8 +31,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from reamer.workloads.real.endpoints import EndpointsFile
 
 SAMPLE_FLOATS = 3 * 32 * 32
 
@@ -91,8 +97,10 @@ def default_payload(seed: int = 0) -> bytes:
 
 
 def run_load(
-    url: str,
+    url: str | None = None,
     *,
+    endpoints: Path | None = None,
+    path: str = "/infer",
     rates: Sequence[float],
     interval_s: float = 1.0,
     duration_s: float = 10.0,
@@ -106,14 +114,21 @@ def run_load(
     window_s: float = 0.0,
     on_window: Any = None,
 ) -> dict[str, Any]:
-    """Run the schedule against ``url`` and return the report. With ``window_s`` > 0,
+    """Run the schedule against ``url`` (or, per request, the replica the ``endpoints`` file's
+    balancer picks, at ``path``) and return the report. With ``window_s`` > 0,
     ``on_window(report)`` gets, every ``window_s``, the requests completed in that window:
     count, errors, p50/p99 latency (what a monitoring system sees per window)."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"url: expected http://HOST[:PORT]/PATH, got {url!r}")
-    host, port = parts.hostname, parts.port or 80
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if (url is None) == (endpoints is None):
+        raise ValueError("expected exactly one of url and endpoints")
+    picker = EndpointsFile(endpoints) if endpoints is not None else None
+    if url is not None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"url: expected http://HOST[:PORT]/PATH, got {url!r}")
+        fixed = (parts.hostname, parts.port or 80)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    else:
+        fixed, target = None, path if path.startswith("/") else "/" + path
     body = default_payload(seed) if payload is None and method == "POST" else payload
     arrivals = poisson_arrivals(rates, interval_s, duration_s, seed, max_requests)
 
@@ -124,9 +139,22 @@ def run_load(
     late = [0]
     work: queue.Queue[float | None] = queue.Queue()
 
+    def fail(kind: str) -> None:
+        with lock:
+            errors[kind] = errors.get(kind, 0) + 1
+            win_err[0] += 1
+
     def send(due: float, t0: float) -> None:
         try:
-            conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+            addr = fixed if picker is None else picker.pick()
+        except ValueError:
+            fail("bad endpoints file")
+            return
+        if addr is None:
+            fail("no endpoint")
+            return
+        try:
+            conn = http.client.HTTPConnection(*addr, timeout=timeout_s)
             try:
                 headers = {"Content-Type": content_type} if body is not None else {}
                 conn.request(method, target, body=body, headers=headers)
@@ -145,9 +173,7 @@ def run_load(
                     errors[str(status)] = errors.get(str(status), 0) + 1
                     win_err[0] += 1
         except (OSError, http.client.HTTPException) as e:
-            with lock:
-                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
-                win_err[0] += 1
+            fail(type(e).__name__)
 
     win_lat: list[float] = []
     win_err = [0]
@@ -199,7 +225,7 @@ def run_load(
     ms = lambda v: None if v is None else round(v * 1e3, 3)  # noqa: E731
     return {
         "event": "done",
-        "url": url,
+        "url": url if url is not None else f"endpoints:{endpoints}",
         "seed": seed,
         "target_rate": round(sum(rates) / len(rates), 3) if len(rates) > 1 else rates[0],
         "duration_s": round(window, 3),
@@ -222,7 +248,10 @@ def run_load(
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reamer.workloads.real.loadgen", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", required=True, help="the only URL contacted, e.g. http://127.0.0.1:8080/infer")
+    to = ap.add_mutually_exclusive_group(required=True)
+    to.add_argument("--url", help="the only URL contacted, e.g. http://127.0.0.1:8080/infer")
+    to.add_argument("--endpoints", type=Path, help="a published endpoints file: balance over its replicas")
+    ap.add_argument("--path", default="/infer", help="request path on the endpoints (with --endpoints)")
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--rate", type=float, help="requests per second for the whole run")
     g.add_argument("--rates", help="comma-separated rates, one per --interval seconds (a trace)")
@@ -241,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rates = [a.rate] if a.rate is not None else [float(r) for r in a.rates.split(",") if r.strip()]
     duration = a.duration if a.duration is not None else (len(rates) * a.interval if a.rates else 10.0)
     payload = open(a.payload_file, "rb").read() if a.payload_file else None  # noqa: SIM115
-    report = run_load(a.url, rates=rates, interval_s=a.interval, duration_s=duration, max_requests=a.max_requests,
+    report = run_load(a.url, endpoints=a.endpoints, path=a.path, rates=rates, interval_s=a.interval, duration_s=duration, max_requests=a.max_requests,
                       seed=a.seed, payload=payload, content_type=a.content_type, method=a.method,
                       max_inflight=a.max_inflight, timeout_s=a.timeout, window_s=a.window_s,
                       on_window=lambda w: print(json.dumps(w), flush=True))
