@@ -91,6 +91,51 @@ class Recorder:
         return self.inner.decide(snap)
 
 
+class StealMonitor:
+    """Samples the kernel's per-CPU steal time (``/proc/stat``: time the hypervisor ran something
+    else while this VM wanted the CPU) in a thread, so each load window's share of stolen CPU
+    time can be set beside its p99: a VM's neighbours are noise neither model predicts."""
+
+    def __init__(self, period_s: float = 0.5, stat: Path = Path("/proc/stat")):
+        import threading
+        import time
+
+        self.stat, self.period_s, self._time = stat, period_s, time.monotonic
+        self.samples: list[tuple[float, dict[int, tuple[int, int]]]] = []  # (t, cpu → (steal, total) ticks)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="steal-monitor")
+
+    def _read(self) -> dict[int, tuple[int, int]]:
+        out = {}
+        for line in self.stat.read_text().splitlines():
+            f = line.split()
+            if f and f[0].startswith("cpu") and f[0][3:].isdigit():
+                ticks = [int(x) for x in f[1:]]
+                out[int(f[0][3:])] = (ticks[7] if len(ticks) > 7 else 0, sum(ticks[:8]))
+        return out
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((self._time(), self._read()))
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> StealMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def steal_pct(self, t0: float, t1: float) -> dict[int, float]:
+        """Per CPU: stolen share (%) of the time between the samples nearest ``t0`` and ``t1``."""
+        if len(self.samples) < 2:
+            return {}
+        a = min(self.samples, key=lambda x: abs(x[0] - t0))[1]
+        b = min(self.samples, key=lambda x: abs(x[0] - t1))[1]
+        return {c: round(100.0 * (b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]), 2) for c in a if c in b}
+
+
 def sim_training(sc: LocalScenario, prof: Profiles, restart_s: float) -> Recorder:
     pools = [{"name": h.name, "count": 1, "cores": h.cores, "mem_gib": h.mem_gib,
               "nic_gbps": h.link_mbit / 1e3 if h.link_mbit else h.nic_gbps} for h in sc.hosts]
@@ -199,10 +244,11 @@ def main() -> int:
     for attempt in range(1, a.tries + 1):
         before = calibrate_service(svc.model) if svc is not None and not a.no_calibrate else None
         console.print(f"real run (attempt {attempt}) …")
-        real = run_scenario(sc, prof, fixed_replicas=fixed, replica_cpus=cpus(a.replica_cpus),
-                            apparatus_cpus=cpus(a.apparatus_cpus),
-                            on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} {r.shapes}",
-                                                             highlight=False))
+        with StealMonitor() as steal:
+            real = run_scenario(sc, prof, fixed_replicas=fixed, replica_cpus=cpus(a.replica_cpus),
+                                apparatus_cpus=cpus(a.apparatus_cpus),
+                                on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} "
+                                                                 f"{r.shapes}", highlight=False))
         if before is None:
             break
         try:
@@ -262,8 +308,11 @@ def main() -> int:
         win = np.floor(np.asarray(arr) / svc.window_s).astype(int)  # by arrival window (real: by completion)
         sim_w = [float(np.percentile(lat[win == k], 99)) * 1e3 if np.any(win == k) else None
                  for k in range(len(svc.rates))]
-        real_w = [w.get("p99_ms") for w in real.services.get(svc.id, [])]
-        series.update(real_window_p99_ms=real_w, sim_window_p99_ms=sim_w)
+        wins = real.services.get(svc.id, [])
+        real_w = [w.get("p99_ms") for w in wins]
+        steal_w = [steal.steal_pct(w["received_s"] - svc.window_s, w["received_s"]) for w in wins if "received_s" in w]
+        series.update(real_window_p99_ms=real_w, sim_window_p99_ms=sim_w, real_window_steal_pct=steal_w)
+        console.print(f"  CPU steal per window (%): {steal_w}")
         console.print(f"  p99 per window (ms), real: {real_w}")
         console.print(f"  p99 per window (ms), sim:  {[None if v is None else round(v, 1) for v in sim_w]}")
         series["real_training_cpu"] = [[round(r.t, 1), {k: round(v, 3) for k, v in r.node_cpu.items()}]
@@ -276,7 +325,8 @@ def main() -> int:
             m["runs_discarded_for_drift"] = float(len(discarded))
         m.update({"real_p99_ms": real_p99 if real_p99 is not None else float("nan"), "sim_p99_ms": sim_p99,
                   "sim_inference_slowdown_ratio": slow, "real_requests": float(rep.get("ok", 0)),
-                  "real_errors": float(sum(rep.get("errors", {}).values()))})
+                  "real_errors": float(sum(rep.get("errors", {}).values())),
+                  "real_late_dispatches": float(rep.get("late_dispatches", 0))})
         e = pct_err(sim_p99, real_p99)
         if e is not None:
             m["p99_error_pct"] = e

@@ -139,11 +139,12 @@ def run_scenario(
                 run.services[sid] = list(s.windows)
                 if s.loadgen is not None:
                     s.loadgen.wait(30)
-                    lines = [ln.obj for ln in s.loadgen.since(0)]
+                    lines = s.loadgen.since(0)
                     # every window the load generator reported (a harvest loop reads them as they come;
-                    # with fixed replicas nothing did)
-                    run.services[sid] = [o for o in lines if o.get("event") == "window"]
-                    final = [o for o in lines if o.get("event") == "done"]
+                    # with fixed replicas nothing did), with when it arrived (the backend clock, time.monotonic by default)
+                    run.services[sid] = [{**ln.obj, "received_s": round(ln.t, 3)} for ln in lines
+                                         if ln.obj.get("event") == "window"]
+                    final = [ln.obj for ln in lines if ln.obj.get("event") == "done"]
                     if final:
                         run.load_reports[sid] = final[-1]
         return run
