@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -100,8 +99,9 @@ class StealMonitor:
         import threading
         import time
 
-        self.stat, self.period_s, self._time = stat, period_s, time.monotonic
+        self.stat, self.period_s = stat, period_s
         self.samples: list[tuple[float, dict[int, tuple[int, int]]]] = []  # (t, cpu → (steal, total) ticks)
+        self.now = time.monotonic
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="steal-monitor")
 
@@ -116,7 +116,7 @@ class StealMonitor:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((self._time(), self._read()))
+            self.samples.append((self.now(), self._read()))
             self._stop.wait(self.period_s)
 
     def __enter__(self) -> StealMonitor:
@@ -150,15 +150,24 @@ def sim_training(sc: LocalScenario, prof: Profiles, restart_s: float) -> Recorde
     return rec
 
 
-def with_service(prof: Profiles, model: str, entries: list[dict]) -> Profiles:
-    """The profile with ``model``'s inference entry = the mean of ``entries`` (measured before
-    and after the real run: the VM's speed drifts, the mean brackets the run)."""
+def with_service(prof: Profiles, model: str, entries: list[dict], max_batch: int) -> Profiles:
+    """The profile with ``model``'s inference entry from ``entries`` (measured before and after
+    the real run: the VM's speed drifts, together they bracket the run): the mean of the
+    model's service-time fit, and the serving path fitted once to all their load
+    measurements (``calibration.serving.fit_path``; averaging two fits' ``request_ms`` and
+    ``delay_ms`` would not give a fit: the two trade off)."""
     import dataclasses
 
+    from reamer.calibration.serving import fit_path
     from reamer.models.profiles import InferenceEntry, inference_profile
 
-    keys = ("a_ms", "b_ms", "parallel_fraction", "request_ms", "delay_ms")
-    entry = {**entries[0], **{k: statistics.fmean(e[k] for e in entries) for k in keys}}
+    model_keys = ("a_ms", "b_ms", "parallel_fraction")
+    entry = {**entries[0], **{k: statistics.fmean(e[k] for e in entries) for k in model_keys}}
+    loads = [(x["rate_per_s"], x["p50_ms"] / 1e3, x["p99_ms"] / 1e3) for e in entries for x in e["serving"]["loads"]]
+    fit = fit_path(entry, loads, max_batch)
+    entry.update(request_ms=fit["request_ms"], delay_ms=fit["delay_ms"])
+    console.print(f"  serving path over both calibrations: request {fit['request_ms']} ms, delay {fit['delay_ms']} ms "
+                  f"({fit['rms_err_pct']}% RMS on the p99s)")
     measured = {**prof.inference, model: inference_profile(model, InferenceEntry.model_validate(entry))}
     return dataclasses.replace(prof, inference=measured)
 
@@ -213,6 +222,10 @@ def main() -> int:
     ap.add_argument("--max-drift", type=float, default=0.15,
                     help="a run whose calibrations before and after differ by more than this share (per-sample time) "
                          "is not a valid comparison and is repeated")
+    ap.add_argument("--max-steal-pct", type=float, default=1.0,
+                    help="an attempt during which the hypervisor took more than this share of any CPU's time "
+                         "(/proc/stat steal) is repeated: p99 is the slowest 1%% of requests, so stalls of that "
+                         "size alone can set it")
     ap.add_argument("--tries", type=int, default=3, help="runs at most (the last one is kept whatever its drift)")
     ap.add_argument("--no-calibrate", action="store_true",
                     help="use the profile's service time as is (default: measure the served model's service time "
@@ -240,34 +253,41 @@ def main() -> int:
     cpus = lambda v: [int(x) for x in v.split(",")] if v else None  # noqa: E731
     if a.apparatus_cpus:  # the calibrations' load generator runs where the run's does
         os.sched_setaffinity(0, set(cpus(a.apparatus_cpus)))
-    discarded: list[float] = []
+    discarded: list[dict] = []  # attempts that were not a valid comparison, and why
     for attempt in range(1, a.tries + 1):
-        before = calibrate_service(svc.model) if svc is not None and not a.no_calibrate else None
-        console.print(f"real run (attempt {attempt}) …")
-        with StealMonitor() as steal:
+        with StealMonitor() as steal:  # the whole attempt: calibrations and run
+            t0 = steal.now()
+            before = calibrate_service(svc.model) if svc is not None and not a.no_calibrate else None
+            console.print(f"real run (attempt {attempt}) …")
             real = run_scenario(sc, prof, fixed_replicas=fixed, replica_cpus=cpus(a.replica_cpus),
                                 apparatus_cpus=cpus(a.apparatus_cpus),
                                 on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} "
                                                                  f"{r.shapes}", highlight=False))
-        if before is None:
+            after = None
+            if before is not None:
+                try:
+                    after = calibrate_service(svc.model)
+                except RuntimeError as e:  # measurements that contradict each other: the machine changed speed
+                    console.print(f"calibration after the run failed ({e}): not a valid comparison")
+                    if attempt == a.tries:
+                        print(f"sim_vs_real: the calibration after the last run failed: {e}", file=sys.stderr)
+                        return 1
+                    discarded.append({"attempt": attempt, "reason": f"calibration failed: {e}"})
+                    continue
+            stolen = max(steal.steal_pct(t0, steal.now()).values(), default=0.0)
+        why = []
+        if before is not None:
+            drift = abs(after["b_ms"] - before["b_ms"]) / statistics.fmean([after["b_ms"], before["b_ms"]])
+            if drift > a.max_drift:
+                why.append(f"the machine's speed drifted {100 * drift:.0f}% (calibrations before and after)")
+        if stolen > a.max_steal_pct:
+            why.append(f"the hypervisor took {stolen:.1f}% of a CPU's time (steal)")
+        if not why or attempt == a.tries:
             break
-        try:
-            after = calibrate_service(svc.model)
-        except RuntimeError as e:  # measurements that contradict each other: the machine changed speed
-            console.print(f"calibration after the run failed ({e}): not a valid comparison")
-            if attempt == a.tries:
-                print(f"sim_vs_real: the calibration after the last run failed: {e}", file=sys.stderr)
-                return 1
-            discarded.append(math.inf)
-            continue
-        drift = abs(after["b_ms"] - before["b_ms"]) / statistics.fmean([after["b_ms"], before["b_ms"]])
-        if drift <= a.max_drift or attempt == a.tries:
-            break
-        discarded.append(drift)
-        console.print(f"the machine's speed drifted {100 * drift:.0f}% during the run (calibrations before and "
-                      f"after): the comparison would not be valid; again")
+        discarded.append({"attempt": attempt, "reason": "; ".join(why)})
+        console.print(f"not a valid comparison: {'; '.join(why)}; again")
     if before is not None:
-        prof = with_service(prof, svc.model, [before, after])
+        prof = with_service(prof, svc.model, [before, after], a.max_batch)
     restart = statistics.fmean(real.result.restarts_s) if real.result.restarts_s else 0.0
     console.print(f"simulated run (restart_s = {restart:.1f} s, measured) …")
     rec = sim_training(sc, prof, restart)
@@ -322,7 +342,6 @@ def main() -> int:
             for tag, e in (("before", before), ("after", after)):
                 m[f"calib_{tag}_b_ms"], m[f"calib_{tag}_request_ms"] = e["b_ms"], e["request_ms"]
             m["calib_drift_pct"] = 100.0 * drift
-            m["runs_discarded_for_drift"] = float(len(discarded))
         m.update({"real_p99_ms": real_p99 if real_p99 is not None else float("nan"), "sim_p99_ms": sim_p99,
                   "sim_inference_slowdown_ratio": slow, "real_requests": float(rep.get("ok", 0)),
                   "real_errors": float(sum(rep.get("errors", {}).values())),
@@ -336,6 +355,9 @@ def main() -> int:
                                              {"replica_cores": a.replica_cores, "max_batch": a.max_batch,
                                               "replica_cpus": a.replica_cpus, "apparatus_cpus": a.apparatus_cpus,
                                               "max_wait_ms": a.max_wait_ms, "host": host, **labels})
+    m["cpu_steal_pct"] = stolen  # the kept attempt's, most on any CPU
+    m["runs_discarded"] = float(len(discarded))
+    entry["discarded"] = discarded
     entry["series"] = series  # per-window p99 (ms) of the service, real and simulated
     if before is not None:
         entry["calibrations"] = {"before": before, "after": after}  # the served model's entries, as measured

@@ -19,12 +19,16 @@ def quantiles(request_ms: float, delay_ms: float, rate: float, seed: int) -> tup
 
 def test_fit_recovers_the_request_cost_and_delay():
     loads = [quantiles(1.5, 3.0, rate, seed=7) for rate in (35.0, 70.0)]
-    fit = fit_path(ENTRY, loads, 8)
-    assert fit["request_ms"] == pytest.approx(1.5, abs=0.5)  # the two trade off within sampling noise
-    assert fit["delay_ms"] == pytest.approx(3.0, abs=1.5)
-    assert fit["rms_err_pct"] < 5.0
-    for (_, p50, p99), (f50, f99) in zip(loads, fit["predicted"], strict=True):
+    both = fit_path(ENTRY, loads, 8, quantiles="p50,p99")
+    assert both["request_ms"] == pytest.approx(1.5, abs=0.5)  # the two trade off within sampling noise
+    assert both["delay_ms"] == pytest.approx(3.0, abs=1.5)
+    assert both["rms_err_pct"] < 5.0
+    for (_, p50, p99), (f50, f99) in zip(loads, both["predicted"], strict=True):
         assert f99 == pytest.approx(p99, rel=0.1) and f50 == pytest.approx(p50, rel=0.1)
+    tail = fit_path(ENTRY, loads, 8)  # the default matches the p99s only: two equations, a flatter valley
+    assert tail["request_ms"] == pytest.approx(1.5, abs=1.0) and tail["delay_ms"] == pytest.approx(3.0, abs=2.5)
+    for (_, _, p99), (_, f99) in zip(loads, tail["predicted"], strict=True):
+        assert f99 == pytest.approx(p99, rel=0.03)
 
 
 def test_fit_without_a_serving_cost_finds_none():

@@ -12,7 +12,11 @@ as in a local run) at two rates (``LOADS`` × the one-at-a-time capacity, at mos
 must reproduce. The serving path is fitted to them (:func:`fit_path`): the CPU per request
 besides the model, which occupies the replica's cores like the model does, and the delay
 outside them, chosen so that :func:`reamer.models.inference.simulate_replica` gives the
-measured p50 and p99 at both rates:
+measured p99 at both rates (the quantile every SLO here judges; the p50 is predicted and
+reported beside the measured one). A fit to p50 and p99 together had to split the error:
+the real path's tail is heavier than one constant delay gives (p99/p50 3-4 at 0.3 of
+capacity), and it under-predicted the p99 at the run's rate by 6-16 % in sim_vs_real runs
+12-13, where the p99 fit was within 1-2 %:
 
 * ``request_ms``, ``delay_ms`` = the fit (its error in ``serving.fit_rms_err_pct``).
 
@@ -118,17 +122,19 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
 
 
 def fit_path(entry: dict, loads: list[tuple[float, float, float]], max_batch: int, *, max_wait_s: float = 0.0,
-             requests: int = 8000, seed: int = 0) -> dict:
+             requests: int = 8000, seed: int = 0, quantiles: str = "p99") -> dict:
     """The serving path (``request_ms``, ``delay_ms``) with which the request-level replica
     model, on one core, gives the measured latency quantiles ``loads`` = ``[(rate/s, p50 s,
-    p99 s), ...]``: a search over ``request_ms`` (0.25 ms steps up to the model's batch-1 time,
-    then 0.05 ms around the best); for each, the delay is the mean gap of the quantiles (≥ 0);
-    the pair with the least RMS relative error wins. Arrivals are seeded Poisson, the same for
-    every candidate."""
+    p99 s), ...]`` — the p99s (``quantiles="p99"``) or both (``"p50,p99"``): a search over
+    ``request_ms`` (0.25 ms steps up to the model's batch-1 time, then 0.05 ms around the
+    best); for each, the delay is the mean gap of the matched quantiles (≥ 0); the pair with
+    the least RMS relative error over them wins (both quantiles are predicted either way).
+    Arrivals are seeded Poisson, the same for every candidate."""
     from reamer.models.inference import InferenceProfile, simulate_replica
 
     rng = np.random.default_rng(seed)
     arrivals = [np.cumsum(rng.exponential(1.0 / rate, requests)) for rate, _, _ in loads]
+    cols = {"p50,p99": [0, 1], "p99": [1]}[quantiles]  # the quantiles the fit matches (all are predicted)
     measured = np.array([[p50, p99] for _, p50, p99 in loads])
 
     def trial(req_ms: float) -> dict | None:
@@ -141,8 +147,8 @@ def fit_path(entry: dict, loads: list[tuple[float, float, float]], max_batch: in
                 return None  # unstable: the queue grows without bound
             sim.append(np.percentile(lat, [50, 99]))
         sim_a = np.array(sim)
-        delay = max(0.0, float(np.mean(measured - sim_a)))
-        err = float(np.sqrt(np.mean(((sim_a + delay - measured) / measured) ** 2)))
+        delay = max(0.0, float(np.mean(measured[:, cols] - sim_a[:, cols])))
+        err = float(np.sqrt(np.mean(((sim_a[:, cols] + delay - measured[:, cols]) / measured[:, cols]) ** 2)))
         return {"err": err, "request_ms": req_ms, "delay_ms": delay * 1e3,
                 "predicted": [(float(x + delay), float(y + delay)) for x, y in sim_a]}
 
