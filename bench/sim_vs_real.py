@@ -349,14 +349,14 @@ def main() -> int:
         e = pct_err(sim_p99, real_p99)
         if e is not None:
             m["p99_error_pct"] = e
+    m["cpu_steal_pct"] = stolen  # the kept attempt's, most on any CPU
+    m["runs_discarded"] = float(len(discarded))
     ratios = {k: m[k] for k in ("speed_error_pct", "speed_error_after_pct", "p99_error_pct", "bottleneck_match")
               if k in m}
     entry = run_entry(sc.name, sc.seed, f"{sc.policy.training} real vs sim", m,
                                              {"replica_cores": a.replica_cores, "max_batch": a.max_batch,
                                               "replica_cpus": a.replica_cpus, "apparatus_cpus": a.apparatus_cpus,
                                               "max_wait_ms": a.max_wait_ms, "host": host, **labels})
-    m["cpu_steal_pct"] = stolen  # the kept attempt's, most on any CPU
-    m["runs_discarded"] = float(len(discarded))
     entry["discarded"] = discarded
     entry["series"] = series  # per-window p99 (ms) of the service, real and simulated
     if before is not None:
