@@ -3,8 +3,9 @@ besides the ONNX Runtime run, measured through the server as deployed.
 
 The server (:mod:`reamer.workloads.real.inference_server`, ``max_batch`` as deployed) runs in
 a cgroup with a 1-core quota pinned to the last CPU; clients reach it directly, as a local
-run's clients reach its replicas (:mod:`reamer.workloads.real.endpoints`). First requests go one at a time (a new
-connection each, as the load generator sends them): the server's CPU per request, and the
+run's clients reach its replicas (:mod:`reamer.workloads.real.endpoints`). First requests go
+one at a time (a new connection each, as the load generator sends them): the server's CPU
+per request, and the
 rest of the latency (``serving.accounting_delay_ms``). Then, under open-loop Poisson load
 from the load generator as deployed (its own process, off the server's CPU, as many senders
 as in a local run) at two rates (``LOADS`` × the one-at-a-time capacity, at most
@@ -60,13 +61,13 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
     p = Proc([sys.executable, "-m", "reamer.workloads.real.inference_server", "--model", name, "--max-batch",
               str(max_batch), "--max-wait-ms", "0"], cgroup=cg, executor=ex, log=tmp / f"{cg}.log")
     try:
-        host, rport = "127.0.0.1", int(p.wait_for("listening", 180)["port"])
-        url = f"http://{host}:{rport}/infer"
+        host, port = "127.0.0.1", int(p.wait_for("listening", 180)["port"])
+        url = f"http://{host}:{port}/infer"
         body = loadgen.default_payload(0)
 
         def one() -> float:
             t = time.perf_counter()
-            c = http.client.HTTPConnection(host, rport, timeout=30)
+            c = http.client.HTTPConnection(host, port, timeout=30)
             try:
                 c.request("POST", "/infer", body=body, headers={"Content-Type": "application/octet-stream"})
                 r = c.getresponse()

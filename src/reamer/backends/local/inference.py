@@ -139,9 +139,10 @@ class LocalInference:
             self.executor.create(name)  # no quota: accounted apart from the services
             if self.load_cpus is not None:
                 self.executor.set_cpuset(name, self.load_cpus)
-            argv = [self.python, "-m", LOADGEN_MODULE, "--endpoints", str(s.endpoints), "--path", "/infer",
+            argv = [self.python, "-m", LOADGEN_MODULE, "--endpoints", str(s.endpoints),
                     "--rates", ",".join(f"{r:g}" for r in spec.rates), "--interval", f"{spec.window_s:g}",
-                    "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed), "--max-inflight", str(LOAD_MAX_INFLIGHT)]
+                    "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed),
+                    "--max-inflight", str(LOAD_MAX_INFLIGHT)]
             s.loadgen = Proc(argv, cgroup=name, executor=self.executor, log=self.workdir / "logs" / f"{name}.log",
                              env=self.training._env(), clock=self.clock)
 
