@@ -217,6 +217,9 @@ def main() -> int:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-wait-ms", type=float, default=0.0)
     ap.add_argument("--replica-cpus", default=None, help="pin the replica to these CPUs, e.g. 1 (default: its node's)")
+    ap.add_argument("--exclusive-replica-cpus", action="store_true",
+                    help="the training containers on the replica's host keep off --replica-cpus (default: they share "
+                         "all the host's CPUs, and a worker's compute bursts on the replica's CPU take half of it)")
     ap.add_argument("--apparatus-cpus", default=None,
                     help="pin this controller and the load generator to these CPUs, e.g. 0")
     ap.add_argument("--max-drift", type=float, default=0.15,
@@ -251,6 +254,14 @@ def main() -> int:
     host = max(sc.hosts, key=lambda h: h.cores).name
     fixed = [(svc.id, host, a.replica_cores, a.max_batch, a.max_wait_ms / 1e3)] if svc else None
     cpus = lambda v: [int(x) for x in v.split(",")] if v else None  # noqa: E731
+    if a.exclusive_replica_cpus:
+        if not a.replica_cpus:
+            print("sim_vs_real: --exclusive-replica-cpus needs --replica-cpus", file=sys.stderr)
+            return 2
+        rest = [c for c in range(os.cpu_count() or 1) if c not in cpus(a.replica_cpus)]
+        hosts = [h.model_copy(update={"cpus": [c for c in (h.cpus or rest) if c in rest]}) if h.name == host else h
+                 for h in sc.hosts]
+        sc = sc.model_copy(update={"hosts": hosts})
     if a.apparatus_cpus:  # the calibrations' load generator runs where the run's does
         os.sched_setaffinity(0, set(cpus(a.apparatus_cpus)))
     discarded: list[dict] = []  # attempts that were not a valid comparison, and why
@@ -356,6 +367,7 @@ def main() -> int:
     entry = run_entry(sc.name, sc.seed, f"{sc.policy.training} real vs sim", m,
                                              {"replica_cores": a.replica_cores, "max_batch": a.max_batch,
                                               "replica_cpus": a.replica_cpus, "apparatus_cpus": a.apparatus_cpus,
+                                              "exclusive_replica_cpus": a.exclusive_replica_cpus,
                                               "max_wait_ms": a.max_wait_ms, "host": host, **labels})
     entry["discarded"] = discarded
     entry["series"] = series  # per-window p99 (ms) of the service, real and simulated

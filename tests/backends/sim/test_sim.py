@@ -5,7 +5,7 @@ from reamer.backends.sim import EventQueue, simulate
 from reamer.backends.sim.cluster import InvalidDecision, SimCluster
 from reamer.backends.sim.engine import Ev
 from reamer.config.scenario import load_scenario
-from reamer.domain import Node, Preempt, Resources, Role, StartJob, TrainingJob
+from reamer.domain import AddContainer, Node, Preempt, Resources, Role, StartJob, TrainingJob
 from reamer.domain.decisions import Placement
 from reamer.models.training import load_calibration
 
@@ -88,3 +88,19 @@ def test_preempt_keeps_progress_and_requeues():
     # the completion scheduled before preemption is now stale
     jid, t, v = events[-1]
     assert not c.complete(jid, v, t)
+
+
+def test_restart_pause_reports_no_telemetry_and_speed_counts_after_it():
+    """A job changing shape restarts (``restart_s``): meanwhile its workers report nothing, as on
+    the local backend, and its next speed is the new shape's running speed, not diluted by the pause."""
+    c = SimCluster([Node("n0", 8, 8192), Node("n1", 8, 8192)], CAL, np.random.default_rng(0),
+                   lambda jid, t, v: None, telemetry_interval_s=1.0, restart_s=10.0)
+    c.arrive(TrainingJob("j", "resnet50", 0.0, 1e7, 1, 1, Resources(1, 512), Resources(2, 512)), 0.0)
+    c.actuate([StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)),
+                              Placement(Role.WORKER, "n1", Resources(2, 512))))], 0.0)
+    assert c.observe(5.0).telemetry["j"].speed > 0
+    c.actuate([AddContainer("j", Placement(Role.PS, "n1", Resources(1, 512)))], 5.0)
+    assert "j" not in c.observe(8.0).telemetry  # restarting: nothing reported
+    tel = c.observe(20.0).telemetry["j"]
+    assert tel.since_s == pytest.approx(15.0)
+    assert tel.speed == pytest.approx(c.jobs["j"].step.speed)

@@ -167,15 +167,18 @@ class SimCluster:
                        j.started, j.last_change)
 
     def _measure(self, now: float) -> dict[str, JobTelemetry]:
-        """Telemetry of each running job over its last interval, with seeded noise."""
+        """Telemetry of each running job over its last interval, with seeded noise. A job in its
+        restart pause reports nothing, and its speed counts from the end of the pause: on the
+        local backend its workers are down, and the speed comes from their reports once back."""
         out = {}
         for jid in self.running:
             j = self.jobs[jid]
-            dt = now - j.tel_since
+            since = max(j.tel_since, j.paused_until)
+            dt = now - since
             if dt <= 0:
                 continue
             speed = (j.done - j.tel_done) / dt * self._noise()
-            out[jid] = JobTelemetry(j.tel_since, max(0.0, speed), self._container_telemetry(j))
+            out[jid] = JobTelemetry(since, max(0.0, speed), self._container_telemetry(j))
             j.tel_since, j.tel_done = now, j.done
         return out
 
