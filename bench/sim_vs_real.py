@@ -263,9 +263,9 @@ def main() -> int:
         if not a.replica_cpus:
             print("sim_vs_real: --exclusive-replica-cpus needs --replica-cpus", file=sys.stderr)
             return 2
-        rest = [c for c in range(os.cpu_count() or 1) if c not in cpus(a.replica_cpus)]
-        hosts = [h.model_copy(update={"cpus": [c for c in (h.cpus or rest) if c in rest]}) if h.name == host else h
-                 for h in sc.hosts]
+        own = set(cpus(a.replica_cpus))
+        hosts = [h.model_copy(update={"cpus": [c for c in (h.cpus or range(os.cpu_count() or 1)) if c not in own]})
+                 if h.name == host else h for h in sc.hosts]
         sc = sc.model_copy(update={"hosts": hosts})
     if a.apparatus_cpus:  # the calibrations' load generator runs where the run's does
         os.sched_setaffinity(0, set(cpus(a.apparatus_cpus)))

@@ -5,8 +5,7 @@ The server (:mod:`reamer.workloads.real.inference_server`, ``max_batch`` as depl
 a cgroup with a 1-core quota pinned to the last CPU; clients reach it directly, as a local
 run's clients reach its replicas (:mod:`reamer.workloads.real.endpoints`). First requests go
 one at a time (a new connection each, as the load generator sends them): the server's CPU
-per request, and the
-rest of the latency (``serving.accounting_delay_ms``). Then, under open-loop Poisson load
+per request, and the rest of the latency (``serving.accounting_delay_ms``). Then, under open-loop Poisson load
 from the load generator as deployed (its own process, off the server's CPU, as many senders
 as in a local run) at two rates (``LOADS`` × the one-at-a-time capacity, at most
 ``MAX_RATE``), the latency quantiles as the load generator sees them — what a replica model
