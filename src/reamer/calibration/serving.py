@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from reamer.backends.local.cgroups import CgroupExecutor
-from reamer.backends.local.inference import LOAD_MAX_INFLIGHT, LOADGEN_MODULE
+from reamer.backends.local.inference import LOAD_CPU_WEIGHT, LOAD_MAX_INFLIGHT, LOADGEN_MODULE
 from reamer.backends.local.procs import Proc
 
 LOADS = (0.3, 0.6)  # open-loop rates, × the one-at-a-time capacity (1 / server CPU per request)
@@ -85,6 +85,7 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
         loaded = []  # (rate, p50 s, p99 s, requests, server CPU per request s)
         lg = f"load-{name}"  # the load generator as deployed: its own process, off the server's CPU
         ex.create(lg)
+        ex.set_cpu_weight(lg, LOAD_CPU_WEIGHT)
         if nproc >= 2:
             ex.set_cpuset(lg, list(range(nproc - 1)))
         for k, share in enumerate(LOADS):  # open loop, a share of the one-at-a-time capacity

@@ -46,7 +46,7 @@ def _v2_files(parent: Path | None) -> dict[str, str]:
     eff = "0-3" if parent is None else (parent / "cpuset.cpus.effective").read_text()
     files = {"cgroup.controllers": ctrls, "cgroup.subtree_control": "", "cgroup.procs": "", "cpu.stat": V2_STAT}
     if parent is not None:
-        files |= {"cpu.max": "max 100000", "cpuset.cpus": "", "cpuset.cpus.effective": eff, "memory.max": "max"}
+        files |= {"cpu.max": "max 100000", "cpu.weight": "100", "cpuset.cpus": "", "cpuset.cpus.effective": eff, "memory.max": "max"}
     else:
         files |= {"cpuset.cpus.effective": eff}
     return files
@@ -187,6 +187,8 @@ def test_v2_create_enables_controllers_and_writes_limits(v2_root: Path):
     assert read(d / "memory.max") == str(2 << 30)
     ex.set_memory("job1", None)
     assert read(d / "memory.max") == "max"
+    ex.set_cpu_weight("job1", 1000)
+    assert read(d / "cpu.weight") == "1000"
     # every change went through _write
     assert ("reamer/job1/cpu.max", "150000 100000") in ex.writes
 
@@ -283,6 +285,19 @@ def test_v1_limits(v1_root: Path):
     assert read(v1_root / "memory" / "reamer" / "job" / "memory.limit_in_bytes") == str(512 << 20)
     ex.set_memory("job", None)
     assert read(v1_root / "memory" / "reamer" / "job" / "memory.limit_in_bytes") == "-1"
+    ex.set_cpu_weight("job", 1000)  # v2 units; v1 shares scale the default 1024
+    assert read(cpu / "cpu.shares") == "10240"
+    ex.set_cpu_weight("job", 1)
+    assert read(cpu / "cpu.shares") == "10"
+
+
+@pytest.mark.parametrize("bad", [0, 10_001, 1.5, "100"])
+def test_cpu_weight_out_of_range_is_a_clear_error(v2_root: Path, bad: object):
+    ex = FakeExecutor(v2_root)
+    ex.create("job")
+    with pytest.raises(CgroupError, match=r"reamer/job: expected an integer weight in \[1, 10000\]"):
+        ex.set_cpu_weight("job", bad)  # type: ignore[arg-type]
+    assert read(v2_root / "reamer" / "job" / "cpu.weight") == "100"  # nothing written
 
 
 def test_v1_read_stats_separate_cpuacct(v1_root: Path):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reamer.backends.local.cluster import LocalNode
-from reamer.backends.local.inference import LocalInference, LocalService
+from reamer.backends.local.inference import LOAD_CPU_WEIGHT, LocalInference, LocalService
 from reamer.domain import AddContainer, Container, Node, Resize, Resources, Role, StartJob, TrainingJob
 from reamer.domain.decisions import Placement
 from reamer.models.inference import InferenceProfile
@@ -37,10 +37,45 @@ class FakeTraining:
         return {}
 
 
-def _inference(tmp_path: Path) -> LocalInference:
+class Recording(NoStats):
+    """Records cgroup calls; processes stay where they are (no cgroup in this test)."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def create(self, name):
+        self.calls.append(("create", name))
+
+    def set_cpu_weight(self, name, weight):
+        self.calls.append(("weight", name, weight))
+
+    def set_cpuset(self, name, cpus):
+        self.calls.append(("cpuset", name, tuple(cpus)))
+
+    def add_process(self, name, pid):
+        pass
+
+    def remove(self, name, kill=False):
+        self.calls.append(("remove", name))
+
+
+def _inference(tmp_path: Path, executor=None, **kw) -> LocalInference:
     prof = {"m": InferenceProfile("m", 0.001, 0.002, 0.8, (), "", 0.0)}
-    return LocalInference(FakeTraining(), [LocalService("s", "m", 0.1, (5.0,))], executor=NoStats(),
-                          workdir=tmp_path, profiles=prof, system_reserve_cores=0.25)
+    return LocalInference(FakeTraining(), [LocalService("s", "m", 0.1, (5.0,))], executor=executor or NoStats(),
+                          workdir=tmp_path, profiles=prof, system_reserve_cores=0.25, **kw)
+
+
+def test_load_generator_gets_priority_on_its_cpus(tmp_path):
+    """The load generator measures the service: training on its CPU must not delay it."""
+    ex = Recording()
+    inf = _inference(tmp_path, ex, python="true", load_cpus=[0])
+    try:
+        inf.services["s"].ports["s/r0"] = 1  # a replica serving: the trace starts at once
+        inf.start_load()
+        assert ex.calls[:3] == [("create", "load.s"), ("weight", "load.s", LOAD_CPU_WEIGHT), ("cpuset", "load.s", (0,))]
+        assert LOAD_CPU_WEIGHT > 100  # above a container's default weight
+    finally:
+        inf.close()
 
 
 def test_node_usage_counts_training_limits_and_requests(tmp_path):

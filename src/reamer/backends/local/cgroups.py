@@ -9,7 +9,7 @@ Layouts
 -------
 * **v2** (unified): one directory per cgroup, ``ROOT/PREFIX/NAME``; controllers are
   enabled for children through ``cgroup.subtree_control`` of ``ROOT`` and ``ROOT/PREFIX``.
-  Files: ``cpu.max``, ``cpuset.cpus``, ``cpuset.cpus.effective``, ``memory.max``,
+  Files: ``cpu.max``, ``cpu.weight``, ``cpuset.cpus``, ``cpuset.cpus.effective``, ``memory.max``,
   ``cpu.stat`` (``usage_usec nr_periods nr_throttled throttled_usec``), ``cgroup.procs``.
 * **v1**: one hierarchy per controller, ``ROOT/cpu/PREFIX/NAME``, ``ROOT/cpuset/...``,
   ``ROOT/memory/...``. ``cpuacct`` is either co-mounted with ``cpu`` (``cpu,cpuacct``) or
@@ -43,6 +43,7 @@ _V1_MOUNTS = {
 }
 MIN_QUOTA_US = 1000  # kernel minimum for cfs_quota_us / cpu.max quota
 MIN_PERIOD_US, MAX_PERIOD_US = 1000, 1_000_000
+MIN_WEIGHT, DEFAULT_WEIGHT, MAX_WEIGHT = 1, 100, 10_000  # v2 cpu.weight; v1 cpu.shares = weight × 1024 / 100
 
 
 class CgroupError(Exception):
@@ -387,6 +388,18 @@ class CgroupExecutor:
             self._write(d / "cpu.cfs_quota_us", -1, "cpu.cfs_quota_us to accept -1")
             self._write(d / "cpu.cfs_period_us", period_us, f"cpu.cfs_period_us to accept {period_us}")
         self._write(d / "cpu.cfs_quota_us", -1 if quota is None else quota, "cpu.cfs_quota_us to accept the quota")
+
+    def set_cpu_weight(self, name: str, weight: int) -> None:
+        """CPU share when CPUs are contended, relative to its siblings: v2 ``cpu.weight``
+        (default 100); v1 ``cpu.shares`` = ``weight`` × 1024 / 100 (default 1024)."""
+        d = self.path(name, "cpu")
+        if not isinstance(weight, int) or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+            raise CgroupError(d, f"an integer weight in [{MIN_WEIGHT}, {MAX_WEIGHT}]", f"got {weight!r}")
+        if self.version == 2:
+            self._write(d / "cpu.weight", weight, f"cpu.weight to accept {weight}")
+        else:
+            shares = max(2, round(weight * 1024 / DEFAULT_WEIGHT))
+            self._write(d / "cpu.shares", shares, f"cpu.shares to accept {shares}")
 
     def set_cpuset(self, name: str, cpus: Sequence[int] | None) -> None:
         """Pin the cgroup to ``cpus``; ``None`` = the parent's CPUs."""

@@ -52,6 +52,11 @@ from reamer.workloads.real.endpoints import write_endpoints
 SERVER_MODULE = "reamer.workloads.real.inference_server"
 LOADGEN_MODULE = "reamer.workloads.real.loadgen"
 LOAD_MAX_INFLIGHT = 32  # the load generator's sender threads (the serving calibration uses the same)
+# The load generator is the measuring apparatus: where it shares a CPU with training, a training
+# step's burst delays its sends and receives and the p99 it reports grows (bench/apparatus.py:
+# vgg_cifar at 60/s, a resnet_narrow step each second on its CPU: p99 +7 and +17 %; at this
+# weight, 10x a container's default, within 1 % of the p99 without training).
+LOAD_CPU_WEIGHT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,7 @@ class LocalInference:
             spec = s.spec
             name = f"load.{spec.id}"
             self.executor.create(name)  # no quota: accounted apart from the services
+            self.executor.set_cpu_weight(name, LOAD_CPU_WEIGHT)
             if self.load_cpus is not None:
                 self.executor.set_cpuset(name, self.load_cpus)
             argv = [self.python, "-m", LOADGEN_MODULE, "--endpoints", str(s.endpoints),
