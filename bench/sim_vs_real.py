@@ -27,6 +27,10 @@ around the policy; the replica by :func:`reamer.models.inference.simulate_replic
 (request level, the same rate trace, the calibrated service time, slowed by the profile's
 interference coefficient × the simulated training CPU use on its node).
 
+Beside them, what the replica measured itself (:func:`server_side`): the model's time per
+batch in the run against the calibrations' fit, and the latency inside the server against the
+client's.
+
 Metrics: ``speed_error_pct`` (the first shape), ``speed_error_after_pct`` (the shape after
 NEARCHUS's change, when both sides made it), ``p99_error_pct``, ``bottleneck_match`` (1/0,
 first shape), plus the real and simulated values. Needs root and writable cgroups.
@@ -206,6 +210,34 @@ def calibrate_service(model: str) -> dict:
     return entry
 
 
+def server_side(replicas: dict[str, dict[str, float]], load_report: dict, entries: list[dict]) -> dict[str, float]:
+    """What the replica measured itself (its ``/metrics`` at the end of the run), to tell a
+    miss's causes apart: ``real_server_run_ms_per_batch`` (ONNX Runtime time per batch) over
+    what the calibrations' fit gives at the run's mean batch (``real_model_time_ratio``: > 1 =
+    the model ran slower in the run than when calibrated: the machine's speed, or training
+    next to it), and the mean latency inside the server (queue, batch, run) beside the
+    client's (the rest is the path: HTTP, the load generator)."""
+    if len(replicas) != 1:
+        return {}
+    (mx,) = replicas.values()
+    batches = mx.get("reamer_infer_run_seconds_count", 0.0)
+    if batches <= 0:
+        return {}
+    nbar = mx.get("reamer_infer_samples_total", 0.0) / batches
+    out = {"real_server_run_ms_per_batch": 1e3 * mx["reamer_infer_run_seconds_sum"] / batches,
+           "real_server_batch_mean": nbar,
+           "real_server_latency_ms": 1e3 * mx.get("reamer_infer_request_latency_seconds_sum", 0.0)
+           / max(1.0, mx.get("reamer_infer_request_latency_seconds_count", 0.0))}
+    mean = load_report.get("latency_ms", {}).get("mean")
+    if mean is not None:
+        out["real_client_latency_ms"] = float(mean)
+    if entries:
+        pred = statistics.fmean(e["a_ms"] + e["b_ms"] * nbar for e in entries)
+        out["calib_run_ms_per_batch"] = pred
+        out["real_model_time_ratio"] = out["real_server_run_ms_per_batch"] / pred
+    return out
+
+
 def pct_err(sim: float | None, real: float | None) -> float | None:
     if sim is None or real is None or real == 0:
         return None
@@ -365,6 +397,7 @@ def main() -> int:
         e = pct_err(sim_p99, real_p99)
         if e is not None:
             m["p99_error_pct"] = e
+        m.update(server_side(real.replica_metrics, rep, [before, after] if before is not None else []))
     m["cpu_steal_pct"] = stolen  # the kept attempt's, most on any CPU
     m["runs_discarded"] = float(len(discarded))
     ratios = {k: m[k] for k in ("speed_error_pct", "speed_error_after_pct", "p99_error_pct", "bottleneck_match")

@@ -103,3 +103,35 @@ def test_expected_growth_counts_before_training_actuates_then_clears(tmp_path):
         assert inf.observe(3.0).usage["b"].training_limit == 0.0  # one round only
     finally:
         inf.close()
+
+
+def test_replica_metrics_reads_each_serving_replica_and_skips_silent_ones(tmp_path):
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"# HELP x\nreamer_infer_run_seconds_sum 0.5\nreamer_infer_run_seconds_count 50\n"
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        silent = closed.getsockname()[1]
+    inf = _inference(tmp_path)
+    try:
+        inf.services["s"].ports.update({"s/r0": srv.server_address[1], "s/r1": silent})
+        got = inf.replica_metrics()
+        assert got == {"s/r0": {"reamer_infer_run_seconds_sum": 0.5, "reamer_infer_run_seconds_count": 50.0}}
+    finally:
+        inf.services["s"].ports.clear()
+        inf.close()
+        srv.shutdown()

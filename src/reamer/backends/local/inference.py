@@ -26,6 +26,7 @@ import contextlib
 import signal
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,6 +308,22 @@ class LocalInference:
                 p.kill()
             p.close()
         self.executor.remove(self._cg(rid), kill=True)
+
+    def replica_metrics(self) -> dict[str, dict[str, float]]:
+        """Each serving replica's own counters (its ``/metrics``: requests, samples, ONNX
+        Runtime time per batch, latency inside the server), by replica; a replica that does
+        not answer is left out."""
+        from reamer.workloads.real.inference_server import parse_prometheus
+
+        out = {}
+        for s in self.services.values():
+            for rid, port in s.ports.items():
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                        out[rid] = parse_prometheus(r.read().decode())
+                except (OSError, ValueError):
+                    continue
+        return out
 
     # ------------------------------------------------------------------ end
     def close(self) -> None:

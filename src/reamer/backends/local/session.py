@@ -74,6 +74,7 @@ class LocalRun:
     result: LocalResult
     services: dict[str, list[dict]] = field(default_factory=dict)  # service → loadgen window reports
     load_reports: dict[str, dict] = field(default_factory=dict)  # service → loadgen final report
+    replica_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # replica → its /metrics at the end
     events: list[tuple[float, str, str]] = field(default_factory=list)
     swept: list[str] = field(default_factory=list)  # leftovers of an earlier run removed at start
 
@@ -135,6 +136,7 @@ def run_scenario(
                            harvest=harvest, done=done)
         run = LocalRun(result, swept=swept, events=sorted(cluster.events + (inference.events if inference else [])))
         if inference is not None:
+            run.replica_metrics = inference.replica_metrics()
             for sid, s in inference.services.items():
                 run.services[sid] = list(s.windows)
                 if s.loadgen is not None:
