@@ -210,12 +210,15 @@ def calibrate_service(model: str) -> dict:
     return entry
 
 
-def server_side(replicas: dict[str, dict[str, float]], load_report: dict, entries: list[dict]) -> dict[str, float]:
+def server_side(replicas: dict[str, dict[str, float]], load_report: dict, entries: list[dict],
+                rate: float | None) -> dict[str, float]:
     """What the replica measured itself (its ``/metrics`` at the end of the run), to tell a
     miss's causes apart: ``real_server_run_ms_per_batch`` (ONNX Runtime time per batch) over
-    what the calibrations' fit gives at the run's mean batch (``real_model_time_ratio``: > 1 =
-    the model ran slower in the run than when calibrated: the machine's speed, or training
-    next to it), and the mean latency inside the server (queue, batch, run) beside the
+    what the calibrations' fit gives at the run's mean batch (``real_model_time_ratio``; the
+    server's request threads share its core, so this is > 1 in the calibrations' own loads
+    too) and over the calibrations' in-server time at the run's rate
+    (``real_server_run_time_ratio``: > 1 = the model ran slower in the run than when
+    calibrated: the machine's speed, or training next to it), and the mean latency inside the server (queue, batch, run) beside the
     client's (the rest is the path: HTTP, the load generator)."""
     if len(replicas) != 1:
         return {}
@@ -235,6 +238,15 @@ def server_side(replicas: dict[str, dict[str, float]], load_report: dict, entrie
         pred = statistics.fmean(e["a_ms"] + e["b_ms"] * nbar for e in entries)
         out["calib_run_ms_per_batch"] = pred
         out["real_model_time_ratio"] = out["real_server_run_ms_per_batch"] / pred
+    inside = []  # the calibrations' own in-server time per batch, at the run's rate (linear in rate between loads)
+    for e in entries:
+        pts = sorted((x["rate_per_s"], x["server_run_ms_per_batch"]) for x in e["serving"]["loads"]
+                     if "server_run_ms_per_batch" in x)
+        if pts and rate is not None:
+            inside.append(float(np.interp(rate, [p[0] for p in pts], [p[1] for p in pts])))
+    if inside:
+        out["calib_server_run_ms_per_batch"] = statistics.fmean(inside)
+        out["real_server_run_time_ratio"] = out["real_server_run_ms_per_batch"] / out["calib_server_run_ms_per_batch"]
     return out
 
 
@@ -397,7 +409,8 @@ def main() -> int:
         e = pct_err(sim_p99, real_p99)
         if e is not None:
             m["p99_error_pct"] = e
-        m.update(server_side(real.replica_metrics, rep, [before, after] if before is not None else []))
+        m.update(server_side(real.replica_metrics, rep, [before, after] if before is not None else [],
+                             statistics.fmean(svc.rates)))
     m["cpu_steal_pct"] = stolen  # the kept attempt's, most on any CPU
     m["runs_discarded"] = float(len(discarded))
     ratios = {k: m[k] for k in ("speed_error_pct", "speed_error_after_pct", "p99_error_pct", "bottleneck_match")

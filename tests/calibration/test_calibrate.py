@@ -38,6 +38,8 @@ def test_quick_calibration_writes_a_loadable_profile_and_leaves_no_cgroup(tmp_pa
     assert [c for c, _ in doc["models"]["small_cnn"]["measured"]][0] == 1
     assert p.inference["small_cnn"].b_s > 0 and p.interference is not None
     assert "resnet50" in p.inference  # carried over from the shipped profile, with its source
+    loads = doc["inference"]["small_cnn"]["serving"]["loads"]  # the server's own time per batch, per load
+    assert len(loads) == 2 and all(x["server_run_ms_per_batch"] > 0 and x["server_batch_mean"] >= 1 for x in loads)
     assert ex.list_owned() == [] and not any(h.joinpath(PREFIX).exists() for h in ex._hier_roots())
 
 

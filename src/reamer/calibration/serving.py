@@ -20,6 +20,10 @@ capacity), and it under-predicted the p99 at the run's rate by 6-16 % in sim_vs_
 
 * ``request_ms``, ``delay_ms`` = the fit (its error in ``serving.fit_rms_err_pct``).
 
+Per load, the server's own ONNX Runtime time per batch and mean batch (its ``/metrics``) are
+kept beside the latencies, to compare with a run's (``bench/sim_vs_real.py``): the run time
+inside the server is not the in-process fit's (the server's request threads share its core).
+
 Accounting alone (server CPU − the model's CPU by the ``inference`` fit, ÷ requests; mean
 latency − server CPU) under-predicted the loaded p99 by 25-30% here: requests overlap in the
 server's threads, which a per-request CPU mean does not see. The
@@ -88,9 +92,22 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
         ex.set_cpu_weight(lg, LOAD_CPU_WEIGHT)
         if nproc >= 2:
             ex.set_cpuset(lg, list(range(nproc - 1)))
+        def counters() -> tuple[float, float, float]:  # the server's own: ORT seconds, batches, samples
+            from reamer.workloads.real.inference_server import parse_prometheus
+
+            c = http.client.HTTPConnection(host, port, timeout=30)
+            try:
+                c.request("GET", "/metrics")
+                m = parse_prometheus(c.getresponse().read().decode())
+            finally:
+                c.close()
+            return m["reamer_infer_run_seconds_sum"], m["reamer_infer_run_seconds_count"], m["reamer_infer_samples_total"]
+
+        inside = []  # per load: (ORT ms per batch, mean batch) as the server measured them
         for k, share in enumerate(LOADS):  # open loop, a share of the one-at-a-time capacity
             rate = min(share / cpu, MAX_RATE * share / LOADS[-1])
             c0 = ex.read_stats(cg).usage_s
+            s0 = counters()
             gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", url, "--rate", f"{rate:.4f}",
                         "--duration", f"{load_s:g}", "--seed", "1", "--max-inflight", str(LOAD_MAX_INFLIGHT)],
                        cgroup=lg, executor=ex, log=tmp / f"{lg}-{k}.log")
@@ -100,6 +117,8 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
                 gen.kill()
                 gen.close()
             c1 = ex.read_stats(cg).usage_s
+            run_s, batches, samples = (b - a for a, b in zip(s0, counters(), strict=True))
+            inside.append((1e3 * run_s / max(1.0, batches), samples / max(1.0, batches)))
             q = rep["latency_ms"]
             loaded.append((rate, q["p50"] / 1e3, q["p99"] / 1e3, rep["ok"], (c1 - c0) / max(1, rep["ok"])))
     finally:
@@ -118,8 +137,10 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
                         "model_batch1_ms": round(model_s * 1e3, 4), "fit_rms_err_pct": fit["rms_err_pct"],
                         "loads": [{"rate_per_s": round(r, 3), "p50_ms": round(p50 * 1e3, 3), "p99_ms": round(p99 * 1e3, 3),
                                    "requests": k, "server_cpu_ms_per_request": round(c * 1e3, 4),
+                                   "server_run_ms_per_batch": round(run_ms, 4), "server_batch_mean": round(nb, 4),
                                    "fit_p50_ms": round(f50 * 1e3, 3), "fit_p99_ms": round(f99 * 1e3, 3)}
-                                  for (r, p50, p99, k, c), (f50, f99) in zip(loaded, fit["predicted"], strict=True)]}}
+                                  for (r, p50, p99, k, c), (f50, f99), (run_ms, nb)
+                                  in zip(loaded, fit["predicted"], inside, strict=True)]}}
 
 
 def fit_path(entry: dict, loads: list[tuple[float, float, float]], max_batch: int, *, max_wait_s: float = 0.0,
