@@ -27,10 +27,10 @@ round, the p99 of each training condition over ``alone``. Needs root and writabl
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from rich.console import Console
@@ -75,15 +75,12 @@ def main() -> int:
     from reamer.backends.local.procs import Proc
     from reamer.calibration.worker import open_cgroups
     from reamer.reports.results import document, run_entry, write_json
-
-    from reamer.workloads.real.inference_server import parse_prometheus
+    from reamer.workloads.real.inference_server import fetch_metrics, served_stats
 
     ex, reason = open_cgroups()
     if ex is None:
         print(f"apparatus: skipped: {reason}", file=sys.stderr)
         return 2
-    import os
-
     if (os.cpu_count() or 1) < 2:
         print("apparatus: skipped: needs 2 CPUs (the server's and the load generator's)", file=sys.stderr)
         return 2
@@ -98,13 +95,6 @@ def main() -> int:
             srv = Proc([sys.executable, "-m", "reamer.workloads.real.inference_server", "--model", a.model,
                         "--max-batch", "8", "--max-wait-ms", "0"], cgroup="srv", executor=ex, log=log / "srv.log")
             port = int(srv.wait_for("listening", 180)["port"])
-
-            def scrape() -> dict[str, float]:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                    m = parse_prometheus(r.read().decode())
-                return {k: m[f"reamer_infer_{k}"] for k in ("run_seconds_sum", "run_seconds_count", "samples_total",
-                                                           "request_latency_seconds_sum",
-                                                           "request_latency_seconds_count")}
             with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                           TimeElapsedColumn(), console=console) as progress:  # fmt: skip
                 task = progress.add_task("apparatus", total=a.rounds * len(CONDITIONS))
@@ -124,7 +114,7 @@ def main() -> int:
                         ex.set_cpuset(cg_l, [0])
                         if cond == "training+weight":
                             ex.set_cpu_weight(cg_l, LOAD_CPU_WEIGHT)
-                        m0 = scrape()
+                        m0 = fetch_metrics(port)
                         gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", f"http://127.0.0.1:{port}/infer",
                                     "--rate", f"{a.rate:g}", "--duration", f"{a.duration:g}", "--seed", str(rnd),
                                     "--max-inflight", str(LOAD_MAX_INFLIGHT)],
@@ -134,13 +124,9 @@ def main() -> int:
                         finally:
                             gen.kill()
                             gen.close()
-                        d = {k: v - m0[k] for k, v in scrape().items()}
-                        batches = max(1.0, d["run_seconds_count"])
-                        server = {"server_run_ms_per_batch": 1e3 * d["run_seconds_sum"] / batches,
-                                  "server_run_ms_per_sample": 1e3 * d["run_seconds_sum"] / max(1.0, d["samples_total"]),
-                                  "server_batch_mean": d["samples_total"] / batches,
-                                  "server_latency_ms": 1e3 * d["request_latency_seconds_sum"]
-                                  / max(1.0, d["request_latency_seconds_count"])}
+                        st = served_stats(fetch_metrics(port), m0)
+                        server = {f"server_{k}": st[k] for k in ("run_ms_per_batch", "run_ms_per_sample",
+                                                                 "batch_mean", "latency_ms")}
                         train_s = 0.0
                         if tr is not None:
                             train_s = ex.read_stats(cg_t).usage_s

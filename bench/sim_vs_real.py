@@ -218,19 +218,19 @@ def server_side(replicas: dict[str, dict[str, float]], load_report: dict, entrie
     server's request threads share its core, so this is > 1 in the calibrations' own loads
     too) and over the calibrations' in-server time at the run's rate
     (``real_server_run_time_ratio``: > 1 = the model ran slower in the run than when
-    calibrated: the machine's speed, or training next to it), and the mean latency inside the server (queue, batch, run) beside the
-    client's (the rest is the path: HTTP, the load generator)."""
+    calibrated: the machine's speed, or training next to it), and the mean latency inside the
+    server (queue, batch, run) beside the client's (the rest is the path: HTTP, the load
+    generator)."""
+    from reamer.workloads.real.inference_server import served_stats
+
     if len(replicas) != 1:
         return {}
-    (mx,) = replicas.values()
-    batches = mx.get("reamer_infer_run_seconds_count", 0.0)
-    if batches <= 0:
+    st = served_stats(*replicas.values())
+    if st["batches"] <= 0:
         return {}
-    nbar = mx.get("reamer_infer_samples_total", 0.0) / batches
-    out = {"real_server_run_ms_per_batch": 1e3 * mx["reamer_infer_run_seconds_sum"] / batches,
-           "real_server_batch_mean": nbar,
-           "real_server_latency_ms": 1e3 * mx.get("reamer_infer_request_latency_seconds_sum", 0.0)
-           / max(1.0, mx.get("reamer_infer_request_latency_seconds_count", 0.0))}
+    nbar = st["batch_mean"]
+    out = {"real_server_run_ms_per_batch": st["run_ms_per_batch"], "real_server_batch_mean": nbar,
+           "real_server_latency_ms": st["latency_ms"]}
     mean = load_report.get("latency_ms", {}).get("mean")
     if mean is not None:
         out["real_client_latency_ms"] = float(mean)

@@ -27,7 +27,9 @@ from reamer.workloads.real.inference_server import (
     Batcher,
     Histogram,
     Metrics,
+    fetch_metrics,
     parse_prometheus,
+    served_stats,
     render_histogram,
 )
 
@@ -454,4 +456,20 @@ def test_inference_server_batches_under_load_and_loadgen_reports_p99(procs):
     assert m["reamer_infer_batch_size_sum"] / n_batches > 1.0  # dynamic batching happened
     assert m['reamer_infer_batch_size_bucket{le="1"}'] < n_batches  # some batch had > 1 sample
     assert m['reamer_infer_batch_size_bucket{le="8"}'] == n_batches  # never above --max-batch
+    st = served_stats(fetch_metrics(port))  # the same counters, as the benches read them
+    assert st["batches"] == n_batches and st["batch_mean"] == m["reamer_infer_batch_size_sum"] / n_batches
+    assert 0 < st["run_ms_per_batch"] <= st["latency_ms"] * st["batch_mean"]
     assert m["reamer_infer_threads"] == 1
+
+
+def test_served_stats_counts_between_two_scrapes():
+    before = {"reamer_infer_run_seconds_sum": 1.0, "reamer_infer_run_seconds_count": 100.0,
+              "reamer_infer_samples_total": 150.0, "reamer_infer_request_latency_seconds_sum": 2.0,
+              "reamer_infer_request_latency_seconds_count": 150.0}
+    after = {"reamer_infer_run_seconds_sum": 1.5, "reamer_infer_run_seconds_count": 150.0,
+             "reamer_infer_samples_total": 250.0, "reamer_infer_request_latency_seconds_sum": 3.5,
+             "reamer_infer_request_latency_seconds_count": 250.0}
+    st = served_stats(after, before)
+    assert st == pytest.approx({"run_ms_per_batch": 10.0, "run_ms_per_sample": 5.0, "batch_mean": 2.0,
+                                "batches": 50.0, "latency_ms": 15.0})
+    assert served_stats(before)["run_ms_per_batch"] == pytest.approx(10.0)  # since the server's start

@@ -55,6 +55,7 @@ MAX_RATE = 200.0
 def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp: Path,
             tick: Callable[[], None], max_batch: int = 8, load_s: float = 20.0) -> dict:  # fmt: skip
     from reamer.workloads.real import loadgen
+    from reamer.workloads.real.inference_server import fetch_metrics, served_stats
 
     cg = f"serve-{name}"
     ex.create(cg)
@@ -92,22 +93,11 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
         ex.set_cpu_weight(lg, LOAD_CPU_WEIGHT)
         if nproc >= 2:
             ex.set_cpuset(lg, list(range(nproc - 1)))
-        def counters() -> tuple[float, float, float]:  # the server's own: ORT seconds, batches, samples
-            from reamer.workloads.real.inference_server import parse_prometheus
-
-            c = http.client.HTTPConnection(host, port, timeout=30)
-            try:
-                c.request("GET", "/metrics")
-                m = parse_prometheus(c.getresponse().read().decode())
-            finally:
-                c.close()
-            return m["reamer_infer_run_seconds_sum"], m["reamer_infer_run_seconds_count"], m["reamer_infer_samples_total"]
-
         inside = []  # per load: (ORT ms per batch, mean batch) as the server measured them
         for k, share in enumerate(LOADS):  # open loop, a share of the one-at-a-time capacity
             rate = min(share / cpu, MAX_RATE * share / LOADS[-1])
             c0 = ex.read_stats(cg).usage_s
-            s0 = counters()
+            s0 = fetch_metrics(port, host, 30.0)
             gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", url, "--rate", f"{rate:.4f}",
                         "--duration", f"{load_s:g}", "--seed", "1", "--max-inflight", str(LOAD_MAX_INFLIGHT)],
                        cgroup=lg, executor=ex, log=tmp / f"{lg}-{k}.log")
@@ -117,8 +107,8 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
                 gen.kill()
                 gen.close()
             c1 = ex.read_stats(cg).usage_s
-            run_s, batches, samples = (b - a for a, b in zip(s0, counters(), strict=True))
-            inside.append((1e3 * run_s / max(1.0, batches), samples / max(1.0, batches)))
+            st = served_stats(fetch_metrics(port, host, 30.0), s0)
+            inside.append((st["run_ms_per_batch"], st["batch_mean"]))
             q = rep["latency_ms"]
             loaded.append((rate, q["p50"] / 1e3, q["p99"] / 1e3, rep["ok"], (c1 - c0) / max(1, rep["ok"])))
     finally:

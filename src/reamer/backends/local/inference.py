@@ -26,7 +26,6 @@ import contextlib
 import signal
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,9 +53,9 @@ SERVER_MODULE = "reamer.workloads.real.inference_server"
 LOADGEN_MODULE = "reamer.workloads.real.loadgen"
 LOAD_MAX_INFLIGHT = 32  # the load generator's sender threads (the serving calibration uses the same)
 # The load generator is the measuring apparatus: where it shares a CPU with training, a training
-# step's burst delays its sends and receives and the p99 it reports grows (bench/apparatus.py:
-# vgg_cifar at 60/s, a resnet_narrow step each second on its CPU: p99 +7 and +17 %; at this
-# weight, 10x a container's default, within 1 % of the p99 without training).
+# step's burst delays its sends and receives and the p99 it reports grows (bench/apparatus.py,
+# 6 rounds: vgg_cifar at 60/s, a resnet_narrow step each second on its CPU: p99 median +13 %;
+# at this weight, 10x a container's default, median +1 %; docs/results.md).
 LOAD_CPU_WEIGHT = 1000
 
 
@@ -313,14 +312,13 @@ class LocalInference:
         """Each serving replica's own counters (its ``/metrics``: requests, samples, ONNX
         Runtime time per batch, latency inside the server), by replica; a replica that does
         not answer is left out."""
-        from reamer.workloads.real.inference_server import parse_prometheus
+        from reamer.workloads.real.inference_server import fetch_metrics
 
         out = {}
         for s in self.services.values():
             for rid, port in s.ports.items():
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                        out[rid] = parse_prometheus(r.read().decode())
+                    out[rid] = fetch_metrics(port, timeout_s=5.0)
                 except (OSError, ValueError):
                     continue
         return out

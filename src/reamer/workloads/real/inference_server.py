@@ -99,6 +99,27 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+def fetch_metrics(port: int, host: str = "127.0.0.1", timeout_s: float = 10.0) -> dict[str, float]:
+    """A running server's ``/metrics``, parsed (:func:`parse_prometheus`)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as r:
+        return parse_prometheus(r.read().decode())
+
+
+def served_stats(after: dict[str, float], before: dict[str, float] | None = None) -> dict[str, float]:
+    """What the server measured itself between two :func:`fetch_metrics` (or since its start):
+    ONNX Runtime ms per batch and per sample, mean batch, mean latency inside the server (ms)."""
+    d = {k: after.get(f"reamer_infer_{k}", 0.0) - (before or {}).get(f"reamer_infer_{k}", 0.0)
+         for k in ("run_seconds_sum", "run_seconds_count", "samples_total", "request_latency_seconds_sum",
+                   "request_latency_seconds_count")}
+    batches = max(1.0, d["run_seconds_count"])
+    return {"run_ms_per_batch": 1e3 * d["run_seconds_sum"] / batches,
+            "run_ms_per_sample": 1e3 * d["run_seconds_sum"] / max(1.0, d["samples_total"]),
+            "batch_mean": d["samples_total"] / batches, "batches": d["run_seconds_count"],
+            "latency_ms": 1e3 * d["request_latency_seconds_sum"] / max(1.0, d["request_latency_seconds_count"])}
+
+
 class Metrics:
     def __init__(self) -> None:
         self.lock = threading.Lock()
