@@ -158,4 +158,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from reamer.backends.local.session import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # SIGTERM, like Ctrl-C, still removes the cgroups (the sweep in main)
+        sys.exit(main())

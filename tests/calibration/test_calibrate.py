@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from reamer.calibration.worker import PREFIX, open_cgroups
 from reamer.cli.main import app
 from reamer.models.profiles import load_profiles
+from reamer.workloads.real.loadgen import schedule_of
 
 
 def test_bad_parts_is_one_line_and_writes_nothing(tmp_path):
@@ -40,6 +41,7 @@ def test_quick_calibration_writes_a_loadable_profile_and_leaves_no_cgroup(tmp_pa
     assert "resnet50" in p.inference  # carried over from the shipped profile, with its source
     loads = doc["inference"]["small_cnn"]["serving"]["loads"]  # the server's own time per batch, per load
     assert len(loads) == 2 and all(x["server_run_ms_per_batch"] > 0 and x["server_batch_mean"] >= 1 for x in loads)
+    assert all(len(schedule_of(x["load_args"])) >= x["requests"] > 0 for x in loads)  # the arrivals it sent, replayable
     assert ex.list_owned() == [] and not any(h.joinpath(PREFIX).exists() for h in ex._hier_roots())
 
 

@@ -229,6 +229,25 @@ def test_loadgen_reports_percentiles_and_rate_against_a_local_server():
         loadgen.run_load("ftp://127.0.0.1/x", rates=[1.0], duration_s=1.0)
 
 
+def test_the_cli_sends_the_schedule_that_schedule_of_replays(capsys):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    sched = ["--rates", "80,0,120", "--interval", "0.5", "--seed", "5"]
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/infer"
+        assert loadgen.main(["--url", url, *sched, "--max-inflight", "8"]) == 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    replay = loadgen.schedule_of(["--url", "ignored", *sched, "--max-inflight", "8"])
+    assert replay == loadgen.poisson_arrivals([80.0, 0.0, 120.0], 0.5, 1.5, seed=5)  # duration: the trace's
+    assert report["sent"] == len(replay) > 0
+    assert loadgen.schedule_of(["--rate", "50", "--duration", "2", "--seed", "1"]) == loadgen.poisson_arrivals(
+        [50.0], 1.0, 2.0, seed=1)
+
+
 # --------------------------------------------------------------------------- metrics / batching
 def test_prometheus_histogram_text():
     h = Histogram([1, 2, 4])

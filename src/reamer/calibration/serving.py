@@ -13,7 +13,9 @@ must reproduce. The serving path is fitted to them (:func:`fit_path`): the CPU p
 besides the model, which occupies the replica's cores like the model does, and the delay
 outside them, chosen so that :func:`reamer.models.inference.simulate_replica` gives the
 measured p99 at both rates (the quantile every SLO here judges; the p50 is predicted and
-reported beside the measured one). A fit to p50 and p99 together had to split the error:
+reported beside the measured one), fed the very arrival times the load generator sent
+(``load_args`` per load, replayed with ``loadgen.schedule_of``): a p99 of 1-2 thousand
+requests depends on the sample's bursts, and a fit on another sample absorbs the difference. A fit to p50 and p99 together had to split the error:
 the real path's tail is heavier than one constant delay gives (p99/p50 3-4 at 0.3 of
 capacity), and it under-predicted the p99 at the run's rate by 6-16 % in sim_vs_real runs
 12-13, where the p99 fit was within 1-2 %:
@@ -94,12 +96,13 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
         if nproc >= 2:
             ex.set_cpuset(lg, list(range(nproc - 1)))
         inside = []  # per load: (ORT ms per batch, mean batch) as the server measured them
+        schedules: list[list[str]] = []  # per load: the load generator's schedule options
         for k, share in enumerate(LOADS):  # open loop, a share of the one-at-a-time capacity
             rate = min(share / cpu, MAX_RATE * share / LOADS[-1])
             c0 = ex.read_stats(cg).usage_s
             s0 = fetch_metrics(port, host, 30.0)
-            gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", url, "--rate", f"{rate:.4f}",
-                        "--duration", f"{load_s:g}", "--seed", "1", "--max-inflight", str(LOAD_MAX_INFLIGHT)],
+            sched = ["--rate", f"{rate:.4f}", "--duration", f"{load_s:g}", "--seed", "1"]
+            gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", url, *sched, "--max-inflight", str(LOAD_MAX_INFLIGHT)],
                        cgroup=lg, executor=ex, log=tmp / f"{lg}-{k}.log")
             try:
                 rep = gen.wait_for("done", load_s + 120)
@@ -111,6 +114,7 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
             inside.append((st["run_ms_per_batch"], st["batch_mean"]))
             q = rep["latency_ms"]
             loaded.append((rate, q["p50"] / 1e3, q["p99"] / 1e3, rep["ok"], (c1 - c0) / max(1, rep["ok"])))
+            schedules.append(sched)
     finally:
         p.kill()
         ex.remove(cg, kill=True)
@@ -118,7 +122,8 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
     tick()
     model_s = (entry["a_ms"] + entry["b_ms"]) / 1e3  # batch 1 at one core (E(1) = 1)
     mean = statistics.fmean(lat)
-    fit = fit_path(entry, [(r, p50, p99) for r, p50, p99, _, _ in loaded], max_batch)
+    fit = fit_path(entry, [(r, p50, p99) for r, p50, p99, _, _ in loaded], max_batch,
+                   schedules=[np.asarray(loadgen.schedule_of(x)) for x in schedules])
     return {"request_ms": fit["request_ms"], "delay_ms": fit["delay_ms"],
             "serving": {"requests": n, "server_cpu_ms_per_request": round(cpu * 1e3, 4),
                         "one_at_a_time_request_ms": round(max(0.0, cpu - model_s) * 1e3, 4),
@@ -128,24 +133,34 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
                         "loads": [{"rate_per_s": round(r, 3), "p50_ms": round(p50 * 1e3, 3), "p99_ms": round(p99 * 1e3, 3),
                                    "requests": k, "server_cpu_ms_per_request": round(c * 1e3, 4),
                                    "server_run_ms_per_batch": round(run_ms, 4), "server_batch_mean": round(nb, 4),
-                                   "fit_p50_ms": round(f50 * 1e3, 3), "fit_p99_ms": round(f99 * 1e3, 3)}
-                                  for (r, p50, p99, k, c), (f50, f99), (run_ms, nb)
-                                  in zip(loaded, fit["predicted"], inside, strict=True)]}}
+                                   "fit_p50_ms": round(f50 * 1e3, 3), "fit_p99_ms": round(f99 * 1e3, 3),
+                                   "load_args": sched}
+                                  for (r, p50, p99, k, c), (f50, f99), (run_ms, nb), sched
+                                  in zip(loaded, fit["predicted"], inside, schedules, strict=True)]}}
 
 
 def fit_path(entry: dict, loads: list[tuple[float, float, float]], max_batch: int, *, max_wait_s: float = 0.0,
-             requests: int = 8000, seed: int = 0, quantiles: str = "p99") -> dict:
+             requests: int = 8000, seed: int = 0, quantiles: str = "p99",
+             schedules: list[np.ndarray] | None = None) -> dict:
     """The serving path (``request_ms``, ``delay_ms``) with which the request-level replica
     model, on one core, gives the measured latency quantiles ``loads`` = ``[(rate/s, p50 s,
     p99 s), ...]`` — the p99s (``quantiles="p99"``) or both (``"p50,p99"``): a search over
     ``request_ms`` (0.25 ms steps up to the model's batch-1 time, then 0.05 ms around the
     best); for each, the delay is the mean gap of the matched quantiles (≥ 0); the pair with
     the least RMS relative error over them wins (both quantiles are predicted either way).
-    Arrivals are seeded Poisson, the same for every candidate."""
+    Arrivals are ``schedules`` — per load, the arrival times the load generator sent
+    (:func:`reamer.workloads.real.loadgen.schedule_of`), so the model sees the very sample
+    the quantiles were measured on — or else ``requests`` seeded Poisson arrivals per load;
+    the same for every candidate."""
     from reamer.models.inference import InferenceProfile, simulate_replica
 
-    rng = np.random.default_rng(seed)
-    arrivals = [np.cumsum(rng.exponential(1.0 / rate, requests)) for rate, _, _ in loads]
+    if schedules is not None:
+        if len(schedules) != len(loads) or any(len(x) < 20 for x in schedules):
+            raise ValueError("schedules: expected one arrival schedule of >= 20 requests per load")
+        arrivals = [np.asarray(x, dtype=float) for x in schedules]
+    else:
+        rng = np.random.default_rng(seed)
+        arrivals = [np.cumsum(rng.exponential(1.0 / rate, requests)) for rate, _, _ in loads]
     cols = {"p50,p99": [0, 1], "p99": [1]}[quantiles]  # the quantiles the fit matches (all are predicted)
     measured = np.array([[p50, p99] for _, p50, p99 in loads])
 
@@ -155,7 +170,8 @@ def fit_path(entry: dict, loads: list[tuple[float, float, float]], max_batch: in
         sim = []
         for arr in arrivals:
             lat = simulate_replica(arr, prof, 1.0, max_batch, max_wait_s)
-            if np.mean(lat[-requests // 10:]) > 10 * np.mean(lat[: requests // 10]) + 1.0:
+            tenth = len(arr) // 10
+            if np.mean(lat[-tenth:]) > 10 * np.mean(lat[:tenth]) + 1.0:
                 return None  # unstable: the queue grows without bound
             sim.append(np.percentile(lat, [50, 99]))
         sim_a = np.array(sim)

@@ -3,15 +3,13 @@ shown round by round, summarized in a table and an HTML report."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from reamer.backends.local.run import RoundLog
-from reamer.backends.local.session import run_scenario
+from reamer.backends.local.session import run_scenario, sigterm_as_interrupt
 from reamer.config.local import LocalScenario
 from reamer.errors import InputError
 from reamer.models.profiles import Profiles
@@ -38,13 +36,10 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
     missing = [s.model for s in sc.services if s.model not in profiles.inference]
     if missing:
         raise InputError("profiles", "inference", f"a service-time profile for {missing[0]} (run: reamer calibrate)")
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    with sigterm_as_interrupt():
         console.print(f"[bold]real run[/bold]: {sc.name} ({len(sc.hosts)} testbed hosts, "
                       f"{len(sc.jobs)} training job(s), {len(sc.services)} service(s); up to {sc.max_s:g} s)")
         run = run_scenario(sc, profiles, on_round=lambda r: console.print(_round_line(r), highlight=False))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     slo = {s.id: s.slo_p99_ms for s in sc.services}
     if run.swept:
         console.print(f"removed leftovers of an earlier run: {', '.join(run.swept)}")
@@ -66,7 +61,3 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
     write_local_report(report, f"Reamer demo: {sc.name} (real run)", run, slo)
     out.print(f"HTML report (real run): {report.resolve()}")
     return metrics
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt

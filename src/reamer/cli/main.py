@@ -210,6 +210,7 @@ def calibrate(
     base: Annotated[Path | None, typer.Option(help="Profile whose unmeasured entries are kept (default: shipped)")] = None,
 ) -> None:
     """Measure this machine's performance-model constants into one profile (docs/calibration.md)."""
+    from reamer.backends.local.session import sigterm_as_interrupt
     from reamer.calibration.run import calibrate as run_calibration
     from reamer.calibration.run import check_parts, dumps, real_models
     from reamer.reports.results import write_atomic
@@ -219,8 +220,9 @@ def calibrate(
     with _errors():  # bad options or base profile: one line, before any measurement
         check_parts(part_list, names if names is not None else real_models())
         load_profiles(base)
-    with _errors(), Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), console=console, disable=not console.is_terminal) as bar:  # fmt: skip
+    with _errors(), sigterm_as_interrupt(), Progress(  # SIGTERM, like Ctrl-C, still sweeps the cgroups
+            TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, disable=not console.is_terminal) as bar:  # fmt: skip
         task = bar.add_task("calibrating", total=None)
         doc = run_calibration(
             quick=quick, parts=part_list, inference_models=names,

@@ -42,8 +42,9 @@ Pos = Annotated[float, Field(gt=0)]
 NonNeg = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Diagnostics = dict[str, float | int | str | bool | None]
-# how request_ms / delay_ms were measured: scalars, and the loaded runs the fit used
-ServingDiagnostics = dict[str, float | int | str | bool | None | list[dict[str, float | int]]]
+# how request_ms / delay_ms were measured: scalars, and the loaded runs the fit used (with the
+# load generator's schedule options, ``load_args``, to replay their arrivals)
+ServingDiagnostics = dict[str, float | int | str | bool | None | list[dict[str, float | int | list[str]]]]
 
 
 class _Strict(BaseModel):

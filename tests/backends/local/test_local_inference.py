@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reamer.backends.local.cluster import LocalNode
-from reamer.backends.local.inference import LOAD_CPU_WEIGHT, LocalInference, LocalService
+from reamer.backends.local.inference import LOAD_CPU_WEIGHT, LocalInference, LocalService, load_schedule_args
 from reamer.domain import AddContainer, Container, Node, Resize, Resources, Role, StartJob, TrainingJob
 from reamer.domain.decisions import Placement
 from reamer.models.inference import InferenceProfile
+from reamer.workloads.real.loadgen import poisson_arrivals, schedule_of
 
 
 class NoStats:
@@ -135,3 +136,8 @@ def test_replica_metrics_reads_each_serving_replica_and_skips_silent_ones(tmp_pa
         inf.services["s"].ports.clear()
         inf.close()
         srv.shutdown()
+
+
+def test_the_load_generators_schedule_is_the_services_trace_for_its_length():
+    spec = LocalService("svc", "vgg_cifar", 0.25, (10.0, 0.0, 30.0), window_s=5.0)
+    assert schedule_of(load_schedule_args(spec, 3)) == poisson_arrivals([10.0, 0.0, 30.0], 5.0, 15.0, seed=3)

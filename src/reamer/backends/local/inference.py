@@ -72,6 +72,12 @@ class LocalService:
     mem_mib_per_replica: float = 512.0
 
 
+def load_schedule_args(spec: LocalService, seed: int) -> list[str]:
+    """The load generator's schedule options for ``spec`` (its rate trace, one rate per window,
+    for the trace's length) — what ``loadgen.schedule_of`` turns into the arrival times sent."""
+    return ["--rates", ",".join(f"{r:g}" for r in spec.rates), "--interval", f"{spec.window_s:g}", "--seed", str(seed)]
+
+
 @dataclass
 class _Service:
     spec: LocalService
@@ -145,10 +151,8 @@ class LocalInference:
             self.executor.set_cpu_weight(name, LOAD_CPU_WEIGHT)
             if self.load_cpus is not None:
                 self.executor.set_cpuset(name, self.load_cpus)
-            argv = [self.python, "-m", LOADGEN_MODULE, "--endpoints", str(s.endpoints),
-                    "--rates", ",".join(f"{r:g}" for r in spec.rates), "--interval", f"{spec.window_s:g}",
-                    "--window-s", f"{spec.window_s:g}", "--seed", str(self.seed),
-                    "--max-inflight", str(LOAD_MAX_INFLIGHT)]
+            argv = [self.python, "-m", LOADGEN_MODULE, "--endpoints", str(s.endpoints), *load_schedule_args(spec, self.seed),
+                    "--window-s", f"{spec.window_s:g}", "--max-inflight", str(LOAD_MAX_INFLIGHT)]
             s.loadgen = Proc(argv, cgroup=name, executor=self.executor, log=self.workdir / "logs" / f"{name}.log",
                              env=self.training._env(), clock=self.clock)
 

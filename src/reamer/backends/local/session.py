@@ -6,10 +6,12 @@ them (cgroups under ``CGROUP_PREFIX`` with the processes in them, namespaces of 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +53,22 @@ def unavailable(root: Path = CGROUP_ROOT) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so the ``finally``
+    clauses that remove cgroups, namespaces and processes run for both (SIGTERM's default
+    ends the process without them). The previous handler is restored on exit. Main thread only."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def sweep_leftovers(cgroup_root: Path = CGROUP_ROOT) -> list[str]:
     """What a crashed (``kill -9``) run left: its cgroups (and the processes in them) and its
     namespaces (whose owner pid is dead). Every run does this first. Returns what it removed."""
@@ -67,6 +85,10 @@ def training_jobs(sc: LocalScenario) -> list[TrainingJob]:
     return [TrainingJob(j.id, j.model, j.arrival_s, j.samples, j.ps, j.workers, Resources(j.ps_cores, 512),
                         Resources(j.worker_cores, 1024), batch=j.batch, max_ps=j.max_ps, max_workers=j.max_workers,
                         max_cores_per_container=max(h.cores for h in sc.hosts)) for j in sc.jobs]
+
+
+def local_services(sc: LocalScenario) -> list[LocalService]:
+    return [LocalService(s.id, s.model, s.slo_p99_ms / 1e3, tuple(s.rates), s.window_s) for s in sc.services]
 
 
 @dataclass
@@ -113,8 +135,7 @@ def run_scenario(
                              interval_s=sc.policy.interval_s, source=sc.source)
         harvest = None
         if sc.services:
-            services = [LocalService(s.id, s.model, s.slo_p99_ms / 1e3, tuple(s.rates), s.window_s) for s in sc.services]
-            inference = LocalInference(cluster, services, executor=executor, workdir=wd,
+            inference = LocalInference(cluster, local_services(sc), executor=executor, workdir=wd,
                                        profiles=dict(profiles.inference), system_reserve_cores=sc.system_reserve_cores,
                                        seed=sc.seed, replica_cpus=replica_cpus, load_cpus=apparatus_cpus)
             if fixed_replicas is not None:

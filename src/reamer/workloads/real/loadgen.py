@@ -246,12 +246,9 @@ def run_load(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reamer.workloads.real.loadgen", description=__doc__.split("\n\n")[0])
-    to = ap.add_mutually_exclusive_group(required=True)
-    to.add_argument("--url", help="the only URL contacted, e.g. http://127.0.0.1:8080/infer")
-    to.add_argument("--endpoints", type=Path, help="a published endpoints file: balance over its replicas")
-    ap.add_argument("--path", default="/infer", help="request path on the endpoints (with --endpoints)")
+def _schedule_parser() -> argparse.ArgumentParser:
+    """The options that decide the arrival schedule (shared by :func:`main` and :func:`schedule_of`)."""
+    ap = argparse.ArgumentParser(add_help=False)
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--rate", type=float, help="requests per second for the whole run")
     g.add_argument("--rates", help="comma-separated rates, one per --interval seconds (a trace)")
@@ -259,6 +256,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=None, help="seconds (default: the --rates trace length, else 10)")
     ap.add_argument("--max-requests", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def _schedule(a: argparse.Namespace) -> tuple[list[float], float]:
+    rates = [a.rate] if a.rate is not None else [float(r) for r in a.rates.split(",") if r.strip()]
+    return rates, a.duration if a.duration is not None else (len(rates) * a.interval if a.rates else 10.0)
+
+
+def schedule_of(args: Sequence[str]) -> list[float]:
+    """The arrival times (s from start) that this load generator, given ``args`` (its command
+    line; options other than the schedule's are ignored), sends requests at: what a model of
+    the run replays to see the very sample the real one measured."""
+    a, _ = _schedule_parser().parse_known_args(list(args))
+    rates, duration = _schedule(a)
+    return poisson_arrivals(rates, a.interval, duration, a.seed, a.max_requests)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reamer.workloads.real.loadgen", description=__doc__.split("\n\n")[0],
+                                 parents=[_schedule_parser()])
+    to = ap.add_mutually_exclusive_group(required=True)
+    to.add_argument("--url", help="the only URL contacted, e.g. http://127.0.0.1:8080/infer")
+    to.add_argument("--endpoints", type=Path, help="a published endpoints file: balance over its replicas")
+    ap.add_argument("--path", default="/infer", help="request path on the endpoints (with --endpoints)")
     ap.add_argument("--max-inflight", type=int, default=64, help="sender threads (requests in flight at most)")
     ap.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
     ap.add_argument("--payload-file", default=None, help="request body (default: one random 3x32x32 float32 sample)")
@@ -267,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--window-s", type=float, default=0.0,
                     help="also print one JSON line per window of this many seconds (completed requests, p99)")
     a = ap.parse_args(argv)
-    rates = [a.rate] if a.rate is not None else [float(r) for r in a.rates.split(",") if r.strip()]
-    duration = a.duration if a.duration is not None else (len(rates) * a.interval if a.rates else 10.0)
+    rates, duration = _schedule(a)
     payload = open(a.payload_file, "rb").read() if a.payload_file else None  # noqa: SIM115
     report = run_load(a.url, endpoints=a.endpoints, path=a.path, rates=rates, interval_s=a.interval, duration_s=duration, max_requests=a.max_requests,
                       seed=a.seed, payload=payload, content_type=a.content_type, method=a.method,
