@@ -28,8 +28,8 @@ around the policy; the replica by :func:`reamer.models.inference.simulate_replic
 coefficient × the simulated training CPU use on its node) fed the very arrival times the real
 load generator sent (``loadgen.schedule_of`` of its options: same trace, same seed), as the
 serving path was fitted on the calibrations' own schedules: a p99 of a few thousand requests
-depends on the sample's bursts (another Poisson sample moved the simulated p99 by 4-15 % in
-runs 20-38, always the same way, since both sides' seeds were fixed).
+depends on the sample's bursts (the simulator's own Poisson sample gave a p99 4-16 % lower in
+runs 20-38, every time, since both sides' seeds were fixed).
 
 Beside them, what the replica measured itself (:func:`server_side`): the model's time per
 batch in the run against the calibrations' fit, and the latency inside the server against the
@@ -391,7 +391,7 @@ def main() -> int:
         coef = prof.interference.inference if prof.interference is not None else 0.0
         slow = 1.0 + coef * statistics.fmean(node_cpu) / node.cores
         # the very arrival times the real load generator sent (same options, same seed): the p99 of
-        # ~8,000 requests moves by 5-15 % between Poisson samples (docs/results.md, runs 20-38)
+        # ~8,000 requests moves by 4-16 % between Poisson samples (docs/results.md, runs 20-38)
         arr = np.asarray(schedule_of(load_schedule_args(next(x for x in local_services(sc) if x.id == svc.id), sc.seed)))
         lat = simulate_replica(arr, prof.inference[svc.model], a.replica_cores, a.max_batch, a.max_wait_ms / 1e3, slow)
         sim_p99 = float(np.percentile(lat, 99)) * 1e3

@@ -14,11 +14,12 @@ besides the model, which occupies the replica's cores like the model does, and t
 outside them, chosen so that :func:`reamer.models.inference.simulate_replica` gives the
 measured p99 at both rates (the quantile every SLO here judges; the p50 is predicted and
 reported beside the measured one), fed the very arrival times the load generator sent
-(``load_args`` per load, replayed with ``loadgen.schedule_of``): a p99 of 1-2 thousand
-requests depends on the sample's bursts, and a fit on another sample absorbs the difference. A fit to p50 and p99 together had to split the error:
-the real path's tail is heavier than one constant delay gives (p99/p50 3-4 at 0.3 of
-capacity), and it under-predicted the p99 at the run's rate by 6-16 % in sim_vs_real runs
-12-13, where the p99 fit was within 1-2 %:
+(``load_args`` per load, replayed with ``loadgen.schedule_of``): a p99 of 1-6 thousand
+requests depends on the sample's bursts, and a fit on another sample absorbs the
+difference. A fit to p50 and p99 together had to split the error: the real path's tail is
+heavier than one constant delay gives (p99/p50 3-4 at 0.3 of capacity), and it
+under-predicted the p99 at the run's rate by 6-16 % in sim_vs_real runs 12-13, where the p99
+fit was within 1-2 %:
 
 * ``request_ms``, ``delay_ms`` = the fit (its error in ``serving.fit_rms_err_pct``).
 
