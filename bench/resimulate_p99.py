@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from sim_vs_real import console, with_service  # the bench's own fit (run from the repo root: bench/ is on the path)
+from sim_vs_real import MAX_DRIFT, MAX_STEAL_PCT, console, with_service  # the bench's own fit and rules
 
 from reamer.backends.local.inference import load_schedule_args
 from reamer.backends.local.session import local_services
+from reamer.calibration.serving import load_args
 from reamer.config.local import load_local
 from reamer.errors import InputError
 from reamer.models.inference import arrivals_for_rates, simulate_replica
@@ -40,9 +41,8 @@ from reamer.workloads.real.loadgen import schedule_of
 
 
 def _with_load_args(entry: dict) -> dict:
-    loads = [x if "load_args" in x else {**x, "load_args": ["--rate", f"{x['rate_per_s']:.4f}", "--duration",
-                                                             f"{round(x['requests'] / x['rate_per_s'] / 5) * 5:g}",
-                                                             "--seed", "1"]}
+    loads = [x if "load_args" in x else {**x, "load_args": load_args(x["rate_per_s"],
+                                                                     round(x["requests"] / x["rate_per_s"] / 5) * 5)}
              for x in entry["serving"]["loads"]]
     return {**entry, "serving": {**entry["serving"], "loads": loads}}
 
@@ -81,7 +81,7 @@ def main() -> int:
             sim = float(np.percentile(simulate_replica(arr, prof, cores, batch, float(p["max_wait_ms"]) / 1e3), 99)) * 1e3
             out[f"{how}_sim_p99_ms"] = sim
             out[f"{how}_signed_error_pct"] = 100.0 * (sim - real) / real
-        valid = m.get("cpu_steal_pct", 100.0) <= 0.1 and m.get("calib_drift_pct", 100.0) <= 15.0
+        valid = m.get("cpu_steal_pct", 100.0) <= MAX_STEAL_PCT and m.get("calib_drift_pct", 100.0) <= 100.0 * MAX_DRIFT
         out["valid"] = 1.0 if valid else 0.0
         if valid:
             for how in signed:

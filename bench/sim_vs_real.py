@@ -68,6 +68,8 @@ from reamer.reports.results import document, run_entry, write_json
 from reamer.workloads.real.loadgen import schedule_of
 
 console = Console(stderr=True)
+MAX_DRIFT = 0.15  # validity rules: calibrations before and after at most this far apart (per-sample time) ...
+MAX_STEAL_PCT = 0.1  # ... and at most this share of any CPU's time stolen during the attempt
 
 
 @dataclass
@@ -279,10 +281,10 @@ def main() -> int:
                          "all the host's CPUs, and a worker's compute bursts on the replica's CPU take half of it)")
     ap.add_argument("--apparatus-cpus", default=None,
                     help="pin this controller and the load generator to these CPUs, e.g. 0")
-    ap.add_argument("--max-drift", type=float, default=0.15,
+    ap.add_argument("--max-drift", type=float, default=MAX_DRIFT,
                     help="a run whose calibrations before and after differ by more than this share (per-sample time) "
                          "is not a valid comparison and is repeated")
-    ap.add_argument("--max-steal-pct", type=float, default=0.1,
+    ap.add_argument("--max-steal-pct", type=float, default=MAX_STEAL_PCT,
                     help="an attempt during which the hypervisor took more than this share of any CPU's time "
                          "(/proc/stat steal) is repeated: p99 is the slowest 1%% of requests, and about this share "
                          "of all requests arrive into a stall, so it must stay well below 1%% (a tenth of it: run 21 "

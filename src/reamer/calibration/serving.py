@@ -55,6 +55,12 @@ LOADS = (0.3, 0.6)  # open-loop rates, × the one-at-a-time capacity (1 / server
 MAX_RATE = 200.0
 
 
+def load_args(rate: float, load_s: float) -> list[str]:
+    """The load generator's schedule options for one calibration load (what ``loadgen.schedule_of``
+    replays; kept per load as ``load_args``)."""
+    return ["--rate", f"{rate:.4f}", "--duration", f"{load_s:g}", "--seed", "1"]
+
+
 def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp: Path,
             tick: Callable[[], None], max_batch: int = 8, load_s: float = 20.0) -> dict:  # fmt: skip
     from reamer.workloads.real import loadgen
@@ -102,7 +108,7 @@ def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp:
             rate = min(share / cpu, MAX_RATE * share / LOADS[-1])
             c0 = ex.read_stats(cg).usage_s
             s0 = fetch_metrics(port, host, 30.0)
-            sched = ["--rate", f"{rate:.4f}", "--duration", f"{load_s:g}", "--seed", "1"]
+            sched = load_args(rate, load_s)
             gen = Proc([sys.executable, "-m", LOADGEN_MODULE, "--url", url, *sched, "--max-inflight", str(LOAD_MAX_INFLIGHT)],
                        cgroup=lg, executor=ex, log=tmp / f"{lg}-{k}.log")
             try:
