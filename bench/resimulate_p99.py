@@ -14,6 +14,10 @@ No real run: it reads each file's two calibrations and its measured p99. ``--rat
 window). Per run: ``real_p99_ms``, ``stored_sim_p99_ms``, ``seeded_sim_p99_ms`` (the check
 that the old method is reproduced), ``replayed_sim_p99_ms`` and both errors, signed
 (sim − real) / real; ``valid`` = the run passed sim_vs_real's rules (steal ≤ 0.1 %, drift ≤ 15 %).
+``--group K`` (3) also judges the valid attempts in consecutive groups of K, in the order the
+files are given, as ``sim_vs_real --trials K`` does (mean simulated against mean real p99):
+ratios ``replayed_groups_of_K``, ``..._within_15pct_share``, ``..._max_abs_error_pct``.
+These files hold one attempt each (``sim_vs_real`` before ``--trials``).
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--rate", type=float, required=True, help="the runs' --rate")
     ap.add_argument("--scenario", type=Path, default=None, help="the runs' local scenario (default: the embedded one)")
+    ap.add_argument("--group", type=int, default=3,
+                    help="also judge the valid attempts in consecutive groups of this many (file order), as "
+                         "sim_vs_real --trials does: mean simulated p99 against mean real p99")
     ap.add_argument("files", nargs="+", type=Path)
     a = ap.parse_args()
     sc = load_local(a.scenario)
@@ -64,6 +71,7 @@ def main() -> int:
     svc = dataclasses.replace(svc, rates=tuple([a.rate] * len(svc.rates)))  # as sim_vs_real --rate
     base = load_profiles(None)
     runs, signed = [], {"seeded": [], "replayed": []}
+    pairs: list[tuple[float, float]] = []  # valid attempts: (real, replayed sim) p99
     for f in a.files:
         try:
             r = json.loads(f.read_text())["runs"][0]
@@ -86,6 +94,7 @@ def main() -> int:
         if valid:
             for how in signed:
                 signed[how].append(out[f"{how}_signed_error_pct"])
+            pairs.append((real, out["replayed_sim_p99_ms"]))
         runs.append(run_entry(sc.name, sc.seed, "resimulated", out, {"file": f.name}))
         console.print(f"{f.name}: real {real:.1f} ms, seeded {out['seeded_sim_p99_ms']:.1f} "
                       f"({out['seeded_signed_error_pct']:+.1f} %), replayed {out['replayed_sim_p99_ms']:.1f} "
@@ -95,6 +104,16 @@ def main() -> int:
         if v:
             ratios[f"{how}_mean_signed_error_pct_valid"] = statistics.fmean(v)
             ratios[f"{how}_within_15pct_share_valid"] = sum(abs(x) <= 15.0 for x in v) / len(v)
+    k = a.group
+    groups = [pairs[i:i + k] for i in range(0, len(pairs) - k + 1, k)]  # a last, incomplete group is left out
+    if k > 1 and groups:
+        errs = [100.0 * (statistics.fmean(s for _, s in g) - statistics.fmean(r for r, _ in g))
+                / statistics.fmean(r for r, _ in g) for g in groups]
+        console.print(f"replayed, valid attempts in groups of {k}: signed errors of the means "
+                      f"{[round(e, 1) for e in errs]} %", highlight=False)
+        ratios[f"replayed_groups_of_{k}"] = float(len(groups))
+        ratios[f"replayed_groups_of_{k}_within_15pct_share"] = sum(abs(e) <= 15.0 for e in errs) / len(errs)
+        ratios[f"replayed_groups_of_{k}_max_abs_error_pct"] = max(abs(e) for e in errs)
     write_json(a.json, document("resimulate_p99", runs, ratios))
     for k, v in ratios.items():
         print(f"{k}: {v:.3f}")

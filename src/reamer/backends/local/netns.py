@@ -36,6 +36,9 @@ SUBNET = "198.18.0"  # /24 inside our own namespaces only
 MAX_HOSTS = 250
 BRIDGE = "br0"
 IFNAMSIZ = 15
+# a limited link's queue: what a NIC's default qdisc holds, Linux's default txqueuelen of 1000
+# packets of a full Ethernet frame (1514 bytes)
+QUEUE_BYTES = 1000 * 1514
 
 Runner = Callable[..., Any]  # subprocess.run-like: run(argv, capture_output=, text=, timeout=)
 
@@ -256,8 +259,15 @@ class Testbed:
             raise NetnsError("Testbed.exec_argv", "a non-empty argv", "got an empty one")
         return ["ip", "netns", "exec", self.host(host).netns, *map(str, argv)]
 
-    def set_bandwidth(self, host: int | str | Host, mbit: float | None, *, latency_ms: float = 50.0) -> None:
-        """Limit both directions of the host's link to ``mbit`` Mbit/s (tbf); ``None`` removes it."""
+    def set_bandwidth(self, host: int | str | Host, mbit: float | None, *, queue_bytes: int = QUEUE_BYTES) -> None:
+        """Limit both directions of the host's link to ``mbit`` Mbit/s (tbf); ``None`` removes it.
+
+        ``queue_bytes``: what the limited link may hold queued (tbf ``limit``), by default a
+        NIC's own queue (:data:`QUEUE_BYTES`). The receiving end's limit sits on the switch
+        side, where a sender's burst arrives at veth speed (Gbit/s): with a queue of 50 ms at
+        5 Mbit/s (31 KB, the limit before 2026-11-30) a parameter server's 156-312 KB
+        step transfers lost most of their segments and waited out TCP retransmission
+        timeouts (200 ms), two shards' parallel transfers most (``docs/local.md``)."""
         h = self.host(host)
         ends = ((h.netns, h.ifname), (self.switch, h.peer))
         if mbit is None:
@@ -274,11 +284,13 @@ class Testbed:
         rate_kbit = max(1, round(mbit * 1000))
         # bucket: 5 ms of traffic, at least a few full-size frames (tbf needs burst >= MTU)
         burst = max(16 * 1024, int(rate_kbit * 1000 / 8 * 0.005))
+        if not isinstance(queue_bytes, int) or queue_bytes < burst:
+            raise NetnsError("Testbed.set_bandwidth", f"queue_bytes >= the bucket ({burst})", f"got {queue_bytes!r}")
         for ns, dev in ends:
             _call(
                 self._run,
                 ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
-                 "rate", f"{rate_kbit}kbit", "burst", str(burst), "latency", f"{latency_ms:g}ms"],
+                 "rate", f"{rate_kbit}kbit", "burst", str(burst), "limit", str(queue_bytes)],
                 f"a {mbit:g} Mbit/s tbf limit on {dev} in {ns}", self.timeout_s,
             )  # fmt: skip
 
