@@ -18,9 +18,11 @@ def svr():
     try:
         spec = importlib.util.spec_from_file_location("sim_vs_real", BENCH / "sim_vs_real.py")
         mod = importlib.util.module_from_spec(spec)
+        sys.modules["sim_vs_real"] = mod  # its dataclasses look their module up there
         spec.loader.exec_module(mod)
         yield mod
     finally:
+        sys.modules.pop("sim_vs_real", None)
         sys.path.remove(str(BENCH))
 
 
