@@ -33,7 +33,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from reamer.backends.local.netns import QUEUE_BYTES, Testbed, sweep
+from reamer.backends.local.netns import QUEUE_BYTES, Testbed, bucket_bytes, sweep
 from reamer.backends.local.session import sigterm_as_interrupt
 from reamer.models.profiles import load_profiles
 from reamer.models.training import Side, step
@@ -45,8 +45,7 @@ COUNTERS = ("TcpRetransSegs", "TcpExtTCPTimeouts")
 
 
 def queues(mbit: float) -> dict[str, int]:
-    burst = max(16 * 1024, int(mbit * 1e6 / 8 * 0.005))  # the bucket set_bandwidth uses
-    return {"nic": QUEUE_BYTES, "50ms": int(mbit * 1e6 / 8 * 0.050) + burst}
+    return {"nic": QUEUE_BYTES, "50ms": int(mbit * 1e6 / 8 * 0.050) + bucket_bytes(mbit)}
 
 
 def tcp_counters(tb: Testbed, host: int) -> dict[str, int]:

@@ -18,7 +18,7 @@ whose two calibrations differ by more than ``--max-drift`` (15%), or during whic
 hypervisor stole more than ``--max-steal-pct`` of a CPU, is not a valid comparison. Each
 trial is simulated with its own calibrations and restart time; the verdict compares the
 mean over the valid trials of each real value with the mean of the simulated one: the same
-replica alone at the same load varied by up to 25% between 45 s windows here
+replica alone at the same load ranged 33.7-42.6 ms between 45 s windows here
 (``bench/apparatus.py``), and single trials missed 15% on p99 in 4 of 17 valid attempts
 (``bench/resimulate_p99.py``), so one run cannot resolve 15%. Every trial's own figures,
 valid or not, are in the output's ``trials``. ``--replica-cpus`` / ``--apparatus-cpus`` keep the measuring apparatus
@@ -64,7 +64,8 @@ import numpy as np
 from rich.console import Console
 
 from reamer.backends.local.inference import load_schedule_args
-from reamer.backends.local.session import local_services, run_scenario, sigterm_as_interrupt, training_jobs, unavailable
+from reamer.backends.local.session import (LocalRun, local_services, run_scenario, sigterm_as_interrupt,
+                                            training_jobs, unavailable)
 from reamer.backends.sim import simulate
 from reamer.config.local import LocalScenario, load_local
 from reamer.config.scenario import parse_scenario
@@ -283,12 +284,19 @@ class Trial:
     next trial's one before), and whether it was a valid comparison."""
 
     attempt: int
-    real: object  # session.LocalRun
+    real: LocalRun
     before: dict | None
     after: dict | None
     stolen: float  # most CPU steal on any CPU from the start of ``before`` to the end of ``after`` (%)
-    drift: float | None  # the two calibrations' per-sample times apart (share of their mean)
     why: list[str]
+
+    @property
+    def drift(self) -> float | None:
+        """The two calibrations' per-sample times apart (share of their mean)."""
+        if self.before is None or self.after is None:
+            return None
+        b0, b1 = self.before["b_ms"], self.after["b_ms"]
+        return abs(b1 - b0) / statistics.fmean([b0, b1])
 
 
 def compare(sc: LocalScenario, prof: Profiles, a: argparse.Namespace, host: str, t: Trial,
@@ -419,7 +427,7 @@ def main() -> int:
                          "this share of all requests arrive into a stall, so it must stay well below 1%% (a tenth of it: "
                          "run 21 measured 56 ms where one 10 s window with 6%% steal, 0.4%% over the attempt, had 122 ms)")
     ap.add_argument("--trials", type=int, default=3,
-                    help="valid trials to average (the same replica alone at the same load varies by up to 25%% "
+                    help="valid trials to average (the same replica alone at the same load ranged 33.7-42.6 ms "
                          "between 45 s windows on this VM: one run cannot resolve 15%%)")
     ap.add_argument("--tries", type=int, default=None,
                     help="real runs at most (default: twice --trials); with fewer valid trials the verdict uses those, "
@@ -480,7 +488,7 @@ def main() -> int:
                                 apparatus_cpus=cpus(a.apparatus_cpus),
                                 on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} "
                                                                  f"{r.shapes}", highlight=False))
-            after, why, drift = None, [], None
+            after, why = None, []
             t_run_end = t_after = steal.now()
             if calibrate:
                 try:
@@ -491,13 +499,13 @@ def main() -> int:
                     before = None  # the next run calibrates anew
                     continue
                 t_after = steal.now()
-                drift = abs(after["b_ms"] - before["b_ms"]) / statistics.fmean([after["b_ms"], before["b_ms"]])
-                if drift > a.max_drift:
-                    why.append(f"the machine's speed drifted {100 * drift:.0f}% (calibrations before and after)")
             stolen = max(steal.steal_pct(t_before, t_after).values(), default=0.0)
+            t = Trial(attempt, real, before, after, stolen, why)
+            if t.drift is not None and t.drift > a.max_drift:
+                why.append(f"the machine's speed drifted {100 * t.drift:.0f}% (calibrations before and after)")
             if stolen > a.max_steal_pct:
                 why.append(f"the hypervisor took {stolen:.2f}% of a CPU's time (steal)")
-            trials.append(Trial(attempt, real, before, after, stolen, drift, why))
+            trials.append(t)
             console.print(f"run {attempt}: {'valid' if not why else 'not a valid comparison: ' + '; '.join(why)}")
             before, t_before = after, t_run_end  # this run's calibration after is the next one's before
             if sum(not t.why for t in trials) >= a.trials:

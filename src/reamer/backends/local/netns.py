@@ -40,6 +40,13 @@ IFNAMSIZ = 15
 # packets of a full Ethernet frame (1514 bytes)
 QUEUE_BYTES = 1000 * 1514
 
+
+def bucket_bytes(mbit: float) -> int:
+    """The token bucket a limit of ``mbit`` Mbit/s gets: 5 ms of traffic, at least a few
+    full-size frames (tbf needs burst >= MTU)."""
+    return max(16 * 1024, int(max(1, round(mbit * 1000)) * 1000 / 8 * 0.005))
+
+
 Runner = Callable[..., Any]  # subprocess.run-like: run(argv, capture_output=, text=, timeout=)
 
 
@@ -282,8 +289,7 @@ class Testbed:
         if not isinstance(mbit, int | float) or not mbit > 0 or mbit != mbit or mbit == float("inf"):
             raise NetnsError("Testbed.set_bandwidth", "mbit > 0 (finite) or None", f"got {mbit!r}")
         rate_kbit = max(1, round(mbit * 1000))
-        # bucket: 5 ms of traffic, at least a few full-size frames (tbf needs burst >= MTU)
-        burst = max(16 * 1024, int(rate_kbit * 1000 / 8 * 0.005))
+        burst = bucket_bytes(mbit)
         if not isinstance(queue_bytes, int) or queue_bytes < burst:
             raise NetnsError("Testbed.set_bandwidth", f"queue_bytes >= the bucket ({burst})", f"got {queue_bytes!r}")
         for ns, dev in ends:
