@@ -488,7 +488,7 @@ def main() -> int:
                                 apparatus_cpus=cpus(a.apparatus_cpus),
                                 on_round=lambda r: console.print(f"  t={r.t:5.1f} {r.speeds} {r.bottlenecks} "
                                                                  f"{r.shapes}", highlight=False))
-            after, why = None, []
+            after = None
             t_run_end = t_after = steal.now()
             if calibrate:
                 try:
@@ -500,13 +500,13 @@ def main() -> int:
                     continue
                 t_after = steal.now()
             stolen = max(steal.steal_pct(t_before, t_after).values(), default=0.0)
-            t = Trial(attempt, real, before, after, stolen, why)
+            t = Trial(attempt, real, before, after, stolen, [])
             if t.drift is not None and t.drift > a.max_drift:
-                why.append(f"the machine's speed drifted {100 * t.drift:.0f}% (calibrations before and after)")
+                t.why.append(f"the machine's speed drifted {100 * t.drift:.0f}% (calibrations before and after)")
             if stolen > a.max_steal_pct:
-                why.append(f"the hypervisor took {stolen:.2f}% of a CPU's time (steal)")
+                t.why.append(f"the hypervisor took {stolen:.2f}% of a CPU's time (steal)")
             trials.append(t)
-            console.print(f"run {attempt}: {'valid' if not why else 'not a valid comparison: ' + '; '.join(why)}")
+            console.print(f"run {attempt}: {'valid' if not t.why else 'not a valid comparison: ' + '; '.join(t.why)}")
             before, t_before = after, t_run_end  # this run's calibration after is the next one's before
             if sum(not t.why for t in trials) >= a.trials:
                 break
