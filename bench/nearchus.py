@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from reamer.backends.sim import simulate
+from reamer.runtime import simulate
 from reamer.config.scenario import Scenario, load_scenario, parse_scenario
-from reamer.models.training import load_calibration
+from reamer.models.profiles import shipped_profiles
 from reamer.policies import make_policy
 from reamer.reports.results import document, run_entry, write_json
 
@@ -91,7 +91,7 @@ def main() -> int:
             write_docs(per, seeds, compute_ratios(per, seeds))
         return 0
     seeds = args.seeds[:2] if args.quick else args.seeds
-    cal = load_calibration()
+    cal = shipped_profiles().calibration
     runs, per = [], {}
     scs = [sc for sc in scenarios(args.quick) if sc.name in args.scenarios]
     chosen = {k: v for k, v in POLICIES.items() if k == "static" or k in args.policies}
@@ -103,7 +103,7 @@ def main() -> int:
                 sc = base.model_copy(update={"seed": seed})
                 res = {}
                 for run_name, (pol, opts) in chosen.items():
-                    policy = make_policy(pol, opts, np.random.default_rng(seed), sc.policy.interval_s)
+                    policy = make_policy(pol, opts, interval_s=sc.policy.interval_s)
                     res[run_name] = simulate(sc, policy, cal)
                     bar.advance(task)
                 base_speed = {j.id: j.speed for j in res["static"].jobs}

@@ -50,11 +50,11 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.modules.pop("reamer", None) if getattr(sys.modules.get("reamer"), "__file__", "") == __file__ else None
 
-from reamer.backends.sim import simulate  # noqa: E402
+from reamer.runtime import simulate  # noqa: E402
 from reamer.config.scenario import Scenario, parse_scenario  # noqa: E402
 from reamer.domain import Resources, TrainingJob  # noqa: E402
-from reamer.models.inference import load_inference_profiles, size_service  # noqa: E402
-from reamer.models.training import load_calibration  # noqa: E402
+from reamer.models.inference import size_service  # noqa: E402
+from reamer.models.profiles import shipped_profiles  # noqa: E402
 from reamer.models.zoo import ZOO  # noqa: E402
 from reamer.policies.harvest import ReamerConfig  # noqa: E402
 from reamer.reports.results import document, run_entry, write_json  # noqa: E402
@@ -151,7 +151,7 @@ def jobs_of(arrivals, rng: np.random.Generator, nic_gbps: float) -> list[Trainin
     """Training jobs of the pods: an openb pod's shape is fixed (its GPUs, one PS), so NEARCHUS
     may resize its CPU but not add GPU workers or PS the pod did not have. Each runs for its
     openb lifetime (``duration_s``); ``samples`` is the work it would do then at its request speed."""
-    cal = load_calibration()
+    cal = shipped_profiles().calibration
     jobs, seen = [], {}
     for t, (name, cpu, mem, ngpu, gmilli, life) in arrivals:
         workers = max(1, ngpu)
@@ -169,7 +169,7 @@ def jobs_of(arrivals, rng: np.random.Generator, nic_gbps: float) -> list[Trainin
 def peak_rate(model: str, slo_ms: float, cores: float) -> float:
     """Rate whose sizing (as the policies size: headroom, quantile) needs about ``cores`` cores."""
     cfg = ReamerConfig()
-    prof = load_inference_profiles()[model]
+    prof = dict(shipped_profiles().inference)[model]
 
     def need(rate: float) -> float:
         sz = size_service(rate, slo_ms / 1e3, prof, cfg.core_options, cfg.batch_options, cfg.wait_options,

@@ -14,7 +14,7 @@ from _common import OPENB_NODES, openb_cluster
 from rich.console import Console
 from rich.progress import Progress
 
-from reamer.backends.sim import simulate
+from reamer.runtime import simulate
 from reamer.config.scenario import parse_scenario
 from reamer.reports.results import document, run_entry, write_json
 

@@ -53,6 +53,7 @@ and writable cgroups.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -64,57 +65,19 @@ import numpy as np
 from rich.console import Console
 
 from reamer.backends.local.inference import load_schedule_args
-from reamer.backends.local.session import (LocalRun, local_services, run_scenario, sigterm_as_interrupt,
-                                            training_jobs, unavailable)
-from reamer.backends.sim import simulate
+from reamer.backends.local.session import local_services, sigterm_as_interrupt, unavailable
 from reamer.config.local import LocalScenario, load_local
-from reamer.config.scenario import parse_scenario
-from reamer.domain import ClusterSnapshot, Role
 from reamer.models.inference import simulate_replica
 from reamer.models.profiles import Profiles, load_profiles
-from reamer.policies import make_policy
-from reamer.policies.diagnosis import diagnose
 from reamer.reports.local import phases
 from reamer.reports.results import document, run_entry, write_json
+from reamer.runtime import RoundRecord, simulate
+from reamer.runtime.local import LocalRun, run_scenario
 from reamer.workloads.real.loadgen import schedule_of
 
 console = Console(stderr=True)
 MAX_DRIFT = 0.15  # validity rules: calibrations before and after at most this far apart (per-sample time) ...
 MAX_STEAL_PCT = 0.1  # ... and at most this share of any CPU's time stolen during the attempt
-
-
-@dataclass
-class SimRound:
-    t: float
-    speeds: dict
-    bottlenecks: dict
-    shapes: dict
-    node_cpu: dict  # node → training CPU used (cores)
-
-
-class Recorder:
-    """Wraps a policy: records what it saw each round (speed, diagnosis, shape), decides as it."""
-
-    def __init__(self, inner, cpu_sat: float, net_sat: float):
-        self.inner, self.name, self.interval_s = inner, inner.name, inner.interval_s
-        self.cpu_sat, self.net_sat = cpu_sat, net_sat
-        self.rounds: list[SimRound] = []
-
-    def decide(self, snap: ClusterSnapshot):
-        if snap.telemetry:
-            node_cpu: dict[str, float] = {}
-            for v in snap.running:
-                tel = snap.telemetry.get(v.id)
-                for c in v.containers:
-                    if tel is not None and c.id in tel.containers:
-                        node_cpu[c.node] = node_cpu.get(c.node, 0.0) + tel.containers[c.id].cpu_used
-            self.rounds.append(SimRound(  # speed 0 = paused for a restart: no measurement, as the real backend has none
-                snap.now, {j: t.speed for j, t in snap.telemetry.items() if t.speed > 0},
-                {v.id: diagnose(v, snap.telemetry[v.id], self.cpu_sat, self.net_sat).bottleneck
-                 for v in snap.running if v.id in snap.telemetry},
-                {v.id: (len(v.of_role(Role.PS)), len(v.of_role(Role.WORKER)), v.allocated.cpu) for v in snap.running},
-                node_cpu))
-        return self.inner.decide(snap)
 
 
 class StealMonitor:
@@ -163,18 +126,17 @@ class StealMonitor:
         return {c: round(100.0 * (b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]), 2) for c in a if c in b}
 
 
-def sim_training(sc: LocalScenario, prof: Profiles, restart_s: float) -> Recorder:
-    pools = [{"name": h.name, "count": 1, "cores": h.cores, "mem_gib": h.mem_gib,
-              "nic_gbps": h.link_mbit / 1e3 if h.link_mbit else h.nic_gbps} for h in sc.hosts]
-    ssc = parse_scenario({"name": f"{sc.name}-sim", "seed": sc.seed,
-                          "cluster": {"node_pools": pools, "restart_s": restart_s},
-                          "policy": {"interval_s": sc.policy.interval_s, "options": sc.policy.options}}, "sim_vs_real")
-    opts = sc.policy.options.get(sc.policy.training) or {}
-    inner = make_policy(sc.policy.training, opts, interval_s=sc.policy.interval_s, source="sim_vs_real")
-    cfg = getattr(inner, "cfg", None)
-    rec = Recorder(inner, getattr(cfg, "cpu_saturation", 0.85), getattr(cfg, "net_saturation", 0.8))
-    simulate(ssc, rec, jobs=training_jobs(sc), profiles=prof)
-    return rec
+def sim_training(sc: LocalScenario, prof: Profiles, restart_s: float) -> list[RoundRecord]:
+    """The simulated rounds of ``sc``'s training with a reshape costing ``restart_s``: those
+    with a measurement, as the real side has them (speed 0 = paused for a restart)."""
+    rounds: list[RoundRecord] = []
+
+    def keep(r: RoundRecord) -> None:
+        if r.speeds:
+            rounds.append(dataclasses.replace(r, speeds={j: v for j, v in r.speeds.items() if v > 0}))
+
+    simulate(sc.as_simulation(restart_s), jobs=sc.training_jobs(), profiles=prof, on_round=keep)
+    return rounds
 
 
 def with_service(prof: Profiles, model: str, entries: list[dict], max_batch: int) -> Profiles:
@@ -183,8 +145,6 @@ def with_service(prof: Profiles, model: str, entries: list[dict], max_batch: int
     model's service-time fit, and the serving path fitted once to all their load
     measurements (``calibration.serving.fit_path``; averaging two fits' ``request_ms`` and
     ``delay_ms`` would not give a fit: the two trade off)."""
-    import dataclasses
-
     from reamer.calibration.serving import fit_path
     from reamer.models.profiles import InferenceEntry, inference_profile
 
@@ -309,10 +269,10 @@ def compare(sc: LocalScenario, prof: Profiles, a: argparse.Namespace, host: str,
     real = t.real
     restart = statistics.fmean(real.result.restarts_s) if real.result.restarts_s else 0.0
     console.print(f"simulated run {t.attempt} (restart_s = {restart:.1f} s, measured) …")
-    rec = sim_training(sc, prof, restart)
+    sim_rounds = sim_training(sc, prof, restart)
 
     job = sc.jobs[0].id
-    rp, sp = phases(real.result.rounds, job), phases(rec.rounds, job)
+    rp, sp = phases(real.result.rounds, job), phases(sim_rounds, job)
     m: dict[str, float] = {"restart_s": restart}
     for side, ph in (("real", rp), ("sim", sp)):
         for i, p in enumerate(ph[:2]):
@@ -336,7 +296,7 @@ def compare(sc: LocalScenario, prof: Profiles, a: argparse.Namespace, host: str,
         rep = real.load_reports.get(svc.id, {})
         real_p99 = rep.get("latency_ms", {}).get("p99")
         sim_node = f"{host}-0000"  # build_nodes names a pool's nodes POOL-0000, ...
-        node_cpu = [r.node_cpu.get(sim_node, 0.0) for r in rec.rounds] or [0.0]
+        node_cpu = [r.node_cpu.get(sim_node, 0.0) for r in sim_rounds] or [0.0]
         node = next(h for h in sc.hosts if h.name == host)
         coef = prof.interference.inference if prof.interference is not None else 0.0
         slow = 1.0 + coef * statistics.fmean(node_cpu) / node.cores
@@ -357,7 +317,7 @@ def compare(sc: LocalScenario, prof: Profiles, a: argparse.Namespace, host: str,
         console.print(f"  p99 per window (ms), sim:  {[None if v is None else round(v, 1) for v in sim_w]}")
         series["real_training_cpu"] = [[round(r.t, 1), {k: round(v, 3) for k, v in r.node_cpu.items()}]
                                        for r in real.result.rounds]
-        series["sim_training_cpu"] = [[round(r.t, 1), {k: round(v, 3) for k, v in r.node_cpu.items()}] for r in rec.rounds]
+        series["sim_training_cpu"] = [[round(r.t, 1), {k: round(v, 3) for k, v in r.node_cpu.items()}] for r in sim_rounds]
         if t.before is not None:
             for tag, e in (("before", t.before), ("after", t.after)):
                 m[f"calib_{tag}_b_ms"], m[f"calib_{tag}_request_ms"] = e["b_ms"], e["request_ms"]

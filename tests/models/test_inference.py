@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reamer.errors import InputError
+from reamer.models.profiles import shipped_profiles
 from reamer.models.inference import (
     InferenceProfile,
     P99Curve,
@@ -19,7 +20,6 @@ from reamer.models.inference import (
     arrivals_for_rates,
     capacity_per_replica,
     effective_cores,
-    load_inference_profiles,
     max_throughput_per_s,
     poisson_arrivals,
     service_time_s,
@@ -27,7 +27,7 @@ from reamer.models.inference import (
     size_service,
 )
 
-PROFILES = load_inference_profiles()
+PROFILES = dict(shipped_profiles().inference)
 MODELS = ("resnet50", "mobilenet_v2", "vgg16", "bert_base", "deepspeech2")
 
 
@@ -61,18 +61,6 @@ def test_service_time_formula_and_amdahl():
     assert service_time_s(p, 2, 4, slowdown=1.5) == pytest.approx(0.09 / e2 * 1.5)
     assert effective_cores(0.5, 0.8) == 0.5  # a fractional quota is a time share
     np.testing.assert_allclose(service_time_s(p, 1, np.array([1, 2])), [0.03, 0.05])
-
-
-def test_load_profiles_from_path_and_bad_file(tmp_path):
-    good = tmp_path / "p.json"
-    good.write_text(json.dumps({"models": {"x": {"a_ms": 1, "b_ms": 2, "parallel_fraction": 0.5,
-                                                 "measured": [[1, 1, 3.0]]}}}))  # fmt: skip
-    p = load_inference_profiles(good)["x"]
-    assert (p.a_s, p.b_s, p.measured) == (0.001, 0.002, ((1, 1, 0.003),))
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"models": {"x": {"a_ms": 1, "b_ms": -2, "parallel_fraction": 0.5}}}))
-    with pytest.raises(InputError, match="bad.json: models.x"):
-        load_inference_profiles(bad)
 
 
 # --------------------------------------------------------------------------- request-level

@@ -5,9 +5,8 @@ import json
 import pytest
 
 from reamer.errors import InputError
-from reamer.models.inference import load_inference_profiles
-from reamer.models.profiles import load_profiles, read_profile_json
-from reamer.models.training import Side, load_calibration, step
+from reamer.models.profiles import load_profiles, read_profile_json, shipped_profiles
+from reamer.models.training import Side, step
 from reamer.models.zoo import ZOO
 
 SHIPPED, _ = read_profile_json(None)
@@ -29,8 +28,10 @@ def with_model(core_s: float, f: float | None = None) -> dict:
 
 def test_shipped_profile_is_the_default_everywhere():
     p = load_profiles()
-    assert p.calibration == load_calibration()
-    assert dict(p.inference) == load_inference_profiles()
+    assert p is shipped_profiles()  # read and validated once
+    from reamer.policies.harvest import Reamer
+
+    assert Reamer().profiles == dict(p.inference)  # a harvesting policy without profiles gets the shipped ones
     assert p.machine.cpu and p.machine.nproc >= 1 and p.calibration.source
     assert set(ZOO) <= set(p.models)  # measured models are merged over the zoo
 

@@ -1,10 +1,11 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reamer.models.training import Calibration, Side, effective_cores, load_calibration, step
+from reamer.models.training import Calibration, Side, effective_cores, step
+from reamer.models.profiles import shipped_profiles
 from reamer.models.zoo import ZOO
 
-CAL = load_calibration()
+CAL = shipped_profiles().calibration
 
 
 def test_shipped_calibration_has_a_source():

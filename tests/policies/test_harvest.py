@@ -22,18 +22,13 @@ from reamer.domain.inference import (
     ResizeReplica,
     ServiceState,
 )
-from reamer.models.inference import analytic_p99_s, load_inference_profiles
-from reamer.policies.harvest import Reamer, ReamerConfig, replica_capacity, replica_weights, slack
-from reamer.policies.harvest_baselines import (
-    HARVEST_POLICIES,
-    Dedicated,
-    Naive,
-    UsageReclaim,
-    UsageReclaimConfig,
-    make_harvest_policy,
-)
+from reamer.models.inference import analytic_p99_s, routing_weights
+from reamer.models.profiles import shipped_profiles
+from reamer.policies import make_policy, policy_names
+from reamer.policies.harvest import Reamer, ReamerConfig, replica_capacity, slack
+from reamer.policies.harvest_baselines import Dedicated, Naive, UsageReclaim, UsageReclaimConfig
 
-PROFILES = load_inference_profiles()
+PROFILES = dict(shipped_profiles().inference)
 FAST = dict(core_options=(1.0, 2.0, 4.0), batch_options=(1, 4))  # few shapes: fast tests
 CFG = ReamerConfig(**FAST)
 RESNET_SLO = 0.5
@@ -218,9 +213,9 @@ def test_predicted_rate_rise_scales_replicas_before_the_slo_is_missed():
     assert len(s.replicas) > before
     assert capacity(s) >= 45.0 * (1 + CFG.headroom) - 1e-9
     # every replica at its routed share of the predicted rate meets the SLO
-    w = replica_weights(s, PROFILES["resnet50"], CFG)
-    for r in s.replicas:
-        assert analytic_p99_s(45.0 * w[r.id], PROFILES["resnet50"], r.cores, r.max_batch, r.max_wait_s) <= RESNET_SLO
+    w = routing_weights(PROFILES["resnet50"], s.replicas, RESNET_SLO)
+    for r, share in zip(s.replicas, w, strict=True):
+        assert analytic_p99_s(45.0 * share, PROFILES["resnet50"], r.cores, r.max_batch, r.max_wait_s) <= RESNET_SLO
 
 
 def test_surplus_is_removed_only_after_scale_down_window():
@@ -413,9 +408,10 @@ def test_usage_reclaim_formula_suppress_and_evict():
 
 
 def test_registry_builds_every_policy():
-    assert set(HARVEST_POLICIES) == {"dedicated", "naive", "usage-reclaim", "reamer"}
-    for name in HARVEST_POLICIES:
-        p = make_harvest_policy(name, dict(FAST), profiles=PROFILES)
+    assert set(policy_names("harvest")) == {"dedicated", "naive", "usage-reclaim", "reamer"}
+    assert set(policy_names("training")) == {"static", "optimus", "nearchus"}
+    for name in policy_names("harvest"):
+        p = make_policy(name, dict(FAST), kind="harvest", profiles=PROFILES)
         assert p.name == name
         out = p.decide(HarvestSnapshot(0.0, (gpu("g0"),) + POOL, {"g0": use("g0", 4.0)},
                                        (ServiceState("a", "resnet50", RESNET_SLO, 10.0),)))

@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 
 from reamer.config.scenario import Openb, load_scenario
 from reamer.errors import InputError
-from reamer.models.training import load_calibration
+from reamer.models.profiles import shipped_profiles
 from reamer.workloads.build import build_jobs, build_nodes, read_joblist, read_openb_nodes
 
-CAL = load_calibration()
+CAL = shipped_profiles().calibration
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"
 
 

@@ -8,15 +8,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from reamer.backends.local.run import RoundLog
-from reamer.backends.local.session import run_scenario, sigterm_as_interrupt
+from reamer.backends.local.session import sigterm_as_interrupt
 from reamer.config.local import LocalScenario
 from reamer.errors import InputError
 from reamer.models.profiles import Profiles
 from reamer.reports.local import phases, summarize, write_local_report
+from reamer.runtime.local import run_scenario
+from reamer.runtime.rounds import RoundRecord
 
 
-def _round_line(r: RoundLog) -> str:
+def _round_line(r: RoundRecord) -> str:
     parts = [f"t={r.t:6.1f}s"]
     for job, shape in r.shapes.items():
         sp = r.speeds.get(job)

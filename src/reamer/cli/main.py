@@ -13,15 +13,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from reamer.backends.sim import RunResult, simulate
 from reamer.config.scenario import Scenario, load_embedded, load_scenario
 from reamer.errors import InputError
 from reamer.models.profiles import Profiles, load_profiles
-from reamer.models.training import Calibration, load_calibration
-from reamer.policies import make_policy, policy_names
-from reamer.policies.harvest_baselines import HARVEST_POLICIES
+from reamer.policies import policy_names
 from reamer.reports.html import write_report
 from reamer.reports.results import document, run_entry, write_json
+from reamer.runtime import RunResult, simulate
+from reamer.runtime.policies import training_policy
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Reamer: adaptive training allocation + inference on spare CPU, for ML clusters.")
@@ -56,15 +55,15 @@ def _errors():
         _fail(e)
 
 
-def run_policies(sc: Scenario, policies: list[str], cal: Calibration, quiet: bool = False,
-                 track: int = 0, profiles: Profiles | None = None) -> list[RunResult]:
+def run_policies(sc: Scenario, policies: list[str], profiles: Profiles, quiet: bool = False,
+                 track: int = 0) -> list[RunResult]:
     """Run each policy on the same scenario and seed, with a progress bar."""
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=quiet or not sys.stderr.isatty(), transient=True) as bar:
         for name in policies:
             task = bar.add_task(f"{sc.name}/{name}", total=None)
-            res = simulate(sc, name, cal, lambda done, total, t=task: bar.update(t, completed=done, total=total),
+            res = simulate(sc, name, progress=lambda done, total, t=task: bar.update(t, completed=done, total=total),
                            track=track, profiles=profiles)
             results.append(res)
     return results
@@ -87,7 +86,8 @@ def _table(results: list[RunResult], title: str) -> Table:
 @app.command("simulate")
 def simulate_command(
     scenario: Annotated[Path | None, typer.Argument(help="Scenario YAML (default: the embedded one)")] = None,
-    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy name; repeat to compare")] = ["static"],
+    policy: Annotated[list[str] | None, typer.Option(
+        "--policy", "-p", help="Training policy; repeat to compare (default: the scenario's policy.training)")] = None,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write results (DESIGN.md §4 shape)")] = None,
     report: Annotated[Path | None, typer.Option(help="Write an interactive HTML report")] = None,
@@ -100,10 +100,13 @@ def simulate_command(
         sc = load_scenario(scenario)
         if seed is not None:
             sc = sc.model_copy(update={"seed": seed})
-        for name in policy:  # validate names and options before any work
-            make_policy(name, sc.policy.options.get(name), source="--policy" if name not in policy_names() else sc.source)
+        names = policy or [sc.policy.training]
+        for name in names:  # validate names and options before any work
+            if name not in policy_names():
+                raise InputError("--policy", "value", f"one of {', '.join(policy_names())} (training policies)", name)
+            training_policy(sc.policy, sc.source, name)
         prof = load_profiles(profiles)
-        results = run_policies(sc, policy, prof.calibration, quiet, track=6 if report else 0, profiles=prof)
+        results = run_policies(sc, names, prof, quiet, track=6 if report else 0)
     if not quiet:
         _out().print(_table(results, f"{sc.name} (seed {sc.seed})"))
     if json_out:
@@ -152,10 +155,11 @@ def demo(
                 write_json(json_out, document("demo", [run_entry("local", 0, "nearchus+reamer", real_metrics)]))
             return
         sc = load_scenario(None)
-        results = run_policies(sc, policy_names(), load_calibration(), track=6)
+        prof = load_profiles(profiles)
+        results = run_policies(sc, policy_names(), prof, track=6)
     _out().print(_table(results, f"Reamer demo: {sc.name} scenario (simulated, seed {sc.seed})"))
     colo = load_embedded("colocation")
-    colo_results = [simulate(colo, "static", harvest=h) for h in HARVEST_POLICIES]
+    colo_results = [simulate(colo, "static", harvest=h, profiles=prof) for h in policy_names("harvest")]
     rows = [{"policy": r.policy, **{label: r.metrics[key] for key, label in COLO_KEYS}} for r in colo_results]
     t = Table(title=f"Reamer demo: inference on the spare CPU of GPU training nodes ({colo.name}, simulated)")
     for col in rows[0]:

@@ -13,20 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from reamer.config.scenario import read_yaml
+from reamer.config.base import NonNeg, PolicySection, Pos, Strict, read_yaml, validate
+from reamer.config.scenario import Scenario, parse_scenario
+from reamer.domain import Resources, TrainingJob
 from reamer.errors import InputError
 
-Pos = Annotated[float, Field(gt=0)]
-NonNeg = Annotated[float, Field(ge=0)]
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HostSpec(_Strict):
+class HostSpec(Strict):
     """One testbed host = one node: its declared cores (the sum of its containers' quotas may
     not exceed them), the machine CPUs its containers run on, and its link limit."""
 
@@ -38,7 +33,7 @@ class HostSpec(_Strict):
     mem_gib: Pos = 4.0
 
 
-class LocalJobSpec(_Strict):
+class LocalJobSpec(Strict):
     id: str
     model: str  # a real-workload model (reamer.workloads.real.nets.MODELS)
     samples: Pos
@@ -52,7 +47,7 @@ class LocalJobSpec(_Strict):
     max_workers: Annotated[int, Field(ge=1)] = 2
 
 
-class LocalServiceSpec(_Strict):
+class LocalServiceSpec(Strict):
     id: str
     model: str  # a real-workload model with an inference profile
     slo_p99_ms: Pos
@@ -60,14 +55,7 @@ class LocalServiceSpec(_Strict):
     window_s: Pos = 10.0
 
 
-class LocalPolicies(_Strict):
-    training: str = "nearchus"
-    harvest: str | None = "reamer"  # None: no inference harvesting
-    interval_s: Pos = 3.0
-    options: dict[str, dict[str, Any]] = {}  # per-policy settings, by policy name
-
-
-class LocalScenario(_Strict):
+class LocalScenario(Strict):
     name: str = "local"
     seed: int = 0
     max_s: Pos = 180.0
@@ -75,7 +63,7 @@ class LocalScenario(_Strict):
     jobs: list[LocalJobSpec] = []
     services: list[LocalServiceSpec] = []
     system_reserve_cores: NonNeg = 0.25  # per host, for the controller and the load generator
-    policy: LocalPolicies = LocalPolicies()
+    policy: PolicySection = PolicySection(training="nearchus", interval_s=3.0)
     source: str = "<inline>"
 
     @model_validator(mode="after")
@@ -94,15 +82,28 @@ class LocalScenario(_Strict):
         return self
 
 
+    def training_jobs(self) -> list[TrainingJob]:
+        """The jobs as the backends and policies see them (a container may grow to a host's cores)."""
+        top = max(h.cores for h in self.hosts)
+        return [TrainingJob(j.id, j.model, j.arrival_s, j.samples, j.ps, j.workers, Resources(j.ps_cores, 512),
+                            Resources(j.worker_cores, 1024), batch=j.batch, max_ps=j.max_ps, max_workers=j.max_workers,
+                            max_cores_per_container=top) for j in self.jobs]
+
+    def as_simulation(self, restart_s: float) -> Scenario:
+        """The same hosts (one node each, a host's link limit as its NIC), seed and policies as a
+        simulator scenario whose reshapes pause a job ``restart_s``; its jobs are
+        :meth:`training_jobs` (pass them to the simulator)."""
+        pools = [{"name": h.name, "count": 1, "cores": h.cores, "mem_gib": h.mem_gib,
+                  "nic_gbps": h.link_mbit / 1e3 if h.link_mbit else h.nic_gbps} for h in self.hosts]
+        return parse_scenario({"name": f"{self.name}-sim", "seed": self.seed,
+                               "cluster": {"node_pools": pools, "restart_s": restart_s},
+                               "policy": self.policy.model_dump()}, self.source)
+
+
 def parse_local(data: Any, source: str) -> LocalScenario:
     if not isinstance(data, dict):
         raise InputError(source, "(top level)", "a YAML mapping with keys hosts, jobs, services, policy")
-    try:
-        return LocalScenario.model_validate({**data, "source": source})
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        raise InputError(source, f"field {where}", err["msg"].lower()) from None
+    return validate(LocalScenario, {**data, "source": source}, source)
 
 
 def load_local(path: str | Path | None = None) -> LocalScenario:

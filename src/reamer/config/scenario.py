@@ -12,19 +12,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
+from reamer.config.base import NonNeg, PolicySection, Pos, Strict, read_yaml, validate
 from reamer.errors import InputError
 
-Pos = Annotated[float, Field(gt=0)]
-NonNeg = Annotated[float, Field(ge=0)]
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NodePool(_Strict):
+class NodePool(Strict):
     """``count`` identical nodes."""
 
     name: str
@@ -36,7 +30,7 @@ class NodePool(_Strict):
     nic_gbps: Pos | None = None  # default: cluster.nic_gbps
 
 
-class NodeOverride(_Strict):
+class NodeOverride(Strict):
     """Per-node override of any pool default, by node name."""
 
     node: str
@@ -46,7 +40,7 @@ class NodeOverride(_Strict):
     nic_gbps: Pos | None = None
 
 
-class Cluster(_Strict):
+class Cluster(Strict):
     node_pools: list[NodePool] = []
     node_list: Path | None = None  # openb node list CSV (sn, cpu_milli, memory_mib, gpu, model)
     max_nodes: Annotated[int, Field(ge=1)] | None = None  # evenly spaced subset of node_list
@@ -64,7 +58,7 @@ class Cluster(_Strict):
         return self
 
 
-class Synthetic(_Strict):
+class Synthetic(Strict):
     """Generated jobs (see docs/scenarios.md for the distributions)."""
 
     kind: Literal["synthetic"] = "synthetic"
@@ -81,7 +75,7 @@ class Synthetic(_Strict):
     runtime_s: tuple[Pos, Pos] = (600.0, 7200.0)  # log-uniform runtime at the user's request
 
 
-class Openb(_Strict):
+class Openb(Strict):
     """The Alibaba openb pod list turned into arrivals (see docs/scenarios.md)."""
 
     kind: Literal["openb"] = "openb"
@@ -97,7 +91,7 @@ class Openb(_Strict):
                          "bert_base", "vit_b16", "gpt2_small"]
 
 
-class JobList(_Strict):
+class JobList(Strict):
     """A user's own trace: CSV or JSONL, one job per row (docs/scenarios.md)."""
 
     kind: Literal["joblist"] = "joblist"
@@ -107,13 +101,7 @@ class JobList(_Strict):
 Workload = Annotated[Synthetic | Openb | JobList, Field(discriminator="kind")]
 
 
-class PolicyOptions(_Strict):
-    interval_s: Pos = 60.0  # control interval for policies that use telemetry
-    telemetry_noise_pct: NonNeg = 3.0  # std-dev of multiplicative measurement noise
-    options: dict[str, dict[str, Any]] = {}  # per-policy settings, by policy name
-
-
-class DiurnalRate(_Strict):
+class DiurnalRate(Strict):
     """A seeded day/night curve (:func:`reamer.workloads.rates.diurnal_rates`)."""
 
     kind: Literal["diurnal"] = "diurnal"
@@ -123,7 +111,7 @@ class DiurnalRate(_Strict):
     noise: NonNeg = 0.05
 
 
-class GenaiRate(_Strict):
+class GenaiRate(Strict):
     """The Alibaba GenAI request-rate trace, scaled to the service's peak."""
 
     kind: Literal["genai"] = "genai"
@@ -134,7 +122,7 @@ class GenaiRate(_Strict):
 RateSource = Annotated[DiurnalRate | GenaiRate, Field(discriminator="kind")]
 
 
-class ServiceSpec(_Strict):
+class ServiceSpec(Strict):
     """One latency-SLO inference service."""
 
     id: str
@@ -145,7 +133,7 @@ class ServiceSpec(_Strict):
     mem_mib_per_replica: Pos = 2048.0
 
 
-class DedicatedPool(_Strict):
+class DedicatedPool(Strict):
     """CPU-only nodes that serve inference when it is not harvested (they cost node-hours)."""
 
     name: str = "inference"
@@ -154,7 +142,7 @@ class DedicatedPool(_Strict):
     mem_gib: Pos = 128.0
 
 
-class InferenceSection(_Strict):
+class InferenceSection(Strict):
     """Inference services co-located on GPU training nodes (issue 4); harvest round every ``interval_s``."""
 
     services: Annotated[list[ServiceSpec], Field(min_length=1)]
@@ -186,30 +174,21 @@ class InferenceSection(_Strict):
         return self
 
 
-class Scenario(_Strict):
+class Scenario(Strict):
     name: str = "scenario"
     seed: int = 0
     horizon_s: Pos | None = None
     cluster: Cluster
     workload: Workload = Synthetic()
-    policy: PolicyOptions = PolicyOptions()
+    policy: PolicySection = PolicySection()
     inference: InferenceSection | None = None
     source: str = "<inline>"  # where it was read from (for error messages)
-
-
-def _where(loc: tuple) -> str:
-    return ".".join(str(x) for x in loc) or "(top level)"
 
 
 def parse_scenario(data: Any, source: str, base: Path | None = None) -> Scenario:
     if not isinstance(data, dict):
         raise InputError(source, "(top level)", "a YAML mapping with keys cluster, workload, ...")
-    try:
-        sc = Scenario.model_validate({**data, "source": source})
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise InputError(source, f"field {_where(err['loc'])}", err["msg"].lower(),
-                         err.get("input") if not isinstance(err.get("input"), dict) else None) from None
+    sc = validate(Scenario, {**data, "source": source}, source)
     if base is not None:
         sc = _resolve_paths(sc, base)
     return sc
@@ -245,15 +224,3 @@ def load_scenario(path: str | Path | None) -> Scenario:
         return load_embedded("default")
     p = Path(path)
     return parse_scenario(read_yaml(p, "an existing scenario YAML file"), str(p), p.parent)
-
-
-def read_yaml(p: Path, expected: str) -> Any:
-    """The parsed YAML file ``p``; a missing file or bad YAML is a one-line InputError."""
-    if not p.is_file():
-        raise InputError(str(p), "file", expected)
-    try:
-        return yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-        raise InputError(str(p), where, f"valid YAML ({getattr(e, 'problem', e)})") from None

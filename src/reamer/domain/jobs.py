@@ -44,10 +44,6 @@ class TrainingJob:
     def request(self) -> Resources:
         return self.ps_res.scale(self.ps) + self.worker_res.scale(self.workers)
 
-    @property
-    def gpu_job(self) -> bool:
-        return self.worker_res.gpu > 0
-
 
 class JobState(StrEnum):
     QUEUED = "queued"

@@ -43,15 +43,16 @@ the total cores of ``ceil(rate / capacity)`` replicas.
 from __future__ import annotations
 
 import bisect
-import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 from scipy import optimize, sparse, special, stats
 from scipy.sparse.linalg import spsolve
+
+from reamer.domain.inference import Replica
 
 # --------------------------------------------------------------------------- profiles
 
@@ -73,41 +74,6 @@ class InferenceProfile:
     # fixed delay per request outside the server's CPU (loopback, client stack).
     request_s: float = 0.0
     delay_s: float = 0.0
-
-
-def load_inference_profiles(path: str | Path | None = None) -> dict[str, InferenceProfile]:
-    """Profiles shipped in ``reamer/data/profiles.json`` (its ``inference`` section), or read from
-    ``path``: a calibrated profile (``inference`` section) or a JSON object with ``models``."""
-    from importlib import resources
-
-    from reamer.errors import InputError
-
-    if path is None:
-        source = "reamer/data/profiles.json"
-        text = resources.files("reamer.data").joinpath("profiles.json").read_text()
-    else:
-        source = str(path)
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise InputError(source, "file", "a readable JSON file", e.strerror) from None
-    try:
-        doc = json.loads(text)
-        models = doc["inference"] if isinstance(doc.get("inference"), dict) else doc["models"]
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        raise InputError(source, "top level", 'a JSON object with "inference" or "models"') from None
-    out: dict[str, InferenceProfile] = {}
-    for name, m in models.items():
-        try:
-            a, b, f = float(m["a_ms"]) / 1e3, float(m["b_ms"]) / 1e3, float(m["parallel_fraction"])
-            measured = tuple((int(c), int(k), float(ms) / 1e3) for c, k, ms in m.get("measured", ()))
-        except (KeyError, TypeError, ValueError):
-            raise InputError(source, f"models.{name}", "a_ms, b_ms, parallel_fraction numbers") from None
-        if not (a >= 0 and b > 0 and 0 <= f <= 1):
-            raise InputError(source, f"models.{name}", "a_ms >= 0, b_ms > 0, 0 <= parallel_fraction <= 1")
-        out[name] = InferenceProfile(name, a, b, f, measured, str(m.get("input", "")), float(m.get("params_m", 0.0)),
-                                     float(m.get("request_ms", 0.0)) / 1e3, float(m.get("delay_ms", 0.0)) / 1e3)
-    return out
 
 
 def effective_cores(cores: float, parallel_fraction: float) -> float:
@@ -134,11 +100,6 @@ def service_time_s(profile: InferenceProfile, cores: float, batch, slowdown: flo
 def max_throughput_per_s(profile: InferenceProfile, cores: float, max_batch: int, slowdown: float = 1.0) -> float:
     """Saturation rate of one replica: ``max_batch / S(max_batch)``."""
     return max_batch / service_time_s(profile, cores, max_batch, slowdown)
-
-
-def load_ratio(rate: float, profile: InferenceProfile, cores: float, max_batch: int, slowdown: float = 1.0) -> float:
-    """Offered load relative to saturation (the utilisation of the bulk queue, ``rho``)."""
-    return rate / max_throughput_per_s(profile, cores, max_batch, slowdown)
 
 
 # --------------------------------------------------------------------------- arrivals
@@ -492,6 +453,22 @@ class Sizing:
 DEFAULT_CORES = (1, 2, 4, 8)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_WAITS = (0.0,)
+
+
+def routing_weights(profile: InferenceProfile, replicas: Sequence[Replica], slo_p99_s: float,
+                    cores: Sequence[float] | None = None) -> list[float]:
+    """The share of a service's requests each replica gets — the routing every backend applies
+    (weighted round-robin in the clients, the simulator's split) and every harvesting policy
+    assumes: proportional to each replica's capacity at the SLO (:func:`capacity_per_replica`),
+    equal shares when none has any. ``cores`` replaces the replicas' own core counts (the
+    simulator looks them up on a grid)."""
+    cs = [r.cores for r in replicas] if cores is None else list(cores)
+    caps = [capacity_per_replica(profile, c, int(r.max_batch), float(r.max_wait_s), slo_p99_s)
+            for r, c in zip(replicas, cs, strict=True)]
+    total = sum(caps)
+    if total <= 0:
+        return [1.0 / len(caps)] * len(caps) if caps else []
+    return [c / total for c in caps]
 
 
 def size_service(

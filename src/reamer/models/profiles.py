@@ -23,13 +23,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
+from reamer.config.base import Fraction, NonNeg, Pos, Strict, validate
 from reamer.errors import InputError
 from reamer.models.inference import InferenceProfile
 from reamer.models.training import Calibration, ModelProfile
@@ -38,20 +40,13 @@ from reamer.models.zoo import ZOO
 FORMAT = "reamer-profile/1"
 SHIPPED = "reamer/data/profiles.json"
 
-Pos = Annotated[float, Field(gt=0)]
-NonNeg = Annotated[float, Field(ge=0)]
-Fraction = Annotated[float, Field(ge=0, le=1)]
 Diagnostics = dict[str, float | int | str | bool | None]
 # how request_ms / delay_ms were measured: scalars, and the loaded runs the fit used (with the
 # load generator's schedule options, ``load_args``, to replay their arrivals)
 ServingDiagnostics = dict[str, float | int | str | bool | None | list[dict[str, float | int | list[str]]]]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class MachineInfo(_Strict):
+class MachineInfo(Strict):
     cpu: str
     nproc: Annotated[int, Field(ge=1)]
     torch: str | None = None
@@ -61,7 +56,7 @@ class MachineInfo(_Strict):
     date: str  # ISO date of the run
 
 
-class TrainingSection(_Strict):
+class TrainingSection(Strict):
     core_gflops: Pos
     parallel_fraction: Fraction
     oversub_penalty: NonNeg
@@ -70,7 +65,7 @@ class TrainingSection(_Strict):
     diagnostics: Diagnostics = Field(default_factory=dict)
 
 
-class ModelEntry(_Strict):
+class ModelEntry(Strict):
     params_m: Pos  # counted
     fwd_gflops: Pos  # counted (torch.utils.flop_counter)
     core_s_per_sample: Pos  # measured fwd+bwd at one core / one thread
@@ -80,7 +75,7 @@ class ModelEntry(_Strict):
     source: Annotated[str, Field(min_length=1)]
 
 
-class InferenceEntry(_Strict):
+class InferenceEntry(Strict):
     a_ms: NonNeg
     b_ms: Pos
     parallel_fraction: Fraction
@@ -95,14 +90,14 @@ class InferenceEntry(_Strict):
     source: str = ""
 
 
-class InterferenceSection(_Strict):
+class InterferenceSection(Strict):
     training_interference: NonNeg  # training speed ÷ (1 + this × inference cores / node cores)
     inference_interference: NonNeg  # replica latency × (1 + this × training use / node cores)
     source: Annotated[str, Field(min_length=1)]
     diagnostics: Diagnostics = Field(default_factory=dict)
 
 
-class ProfileFile(_Strict):
+class ProfileFile(Strict):
     format: Literal["reamer-profile/1"]
     machine: MachineInfo
     training: TrainingSection
@@ -157,15 +152,7 @@ def inference_profile(name: str, m: InferenceEntry) -> InferenceProfile:
 
 def parse_profiles(data: Any, source: str) -> Profiles:
     """Validate a decoded profile document; bad content → one-line InputError naming the field."""
-    try:
-        doc = ProfileFile.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "top level"
-        got = err.get("input") if err["type"] != "missing" else None
-        if isinstance(got, dict | list):
-            got = None
-        raise InputError(source, f"field {where}", err["msg"].lower(), got) from None
+    doc = validate(ProfileFile, data, source)
     t = doc.training
     cal = Calibration(t.core_gflops, t.parallel_fraction, t.oversub_penalty, t.ps_update_ns_per_byte, t.source)
     inter = doc.interference
@@ -197,6 +184,15 @@ def read_profile_json(path: str | Path | None) -> tuple[Any, str]:
 
 
 def load_profiles(path: str | Path | None = None) -> Profiles:
-    """The shipped profile (``path=None``) or the one in ``path``, validated."""
+    """The shipped profile (``path=None``) or the one in ``path``, validated: the one loader
+    of the profile format."""
+    if path is None:
+        return shipped_profiles()
     data, source = read_profile_json(path)
     return parse_profiles(data, source)
+
+
+@lru_cache(maxsize=1)
+def shipped_profiles() -> Profiles:
+    """The profile measured on the reference machine (``reamer/data/profiles.json``), read once."""
+    return parse_profiles(*read_profile_json(None))

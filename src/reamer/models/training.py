@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """Machine constants. Defaults ship in ``reamer/data/profiles.json`` with their source."""
+    """Machine constants, measured by ``reamer calibrate`` (:mod:`reamer.models.profiles` loads them)."""
 
     core_gflops: float  # achieved training GFLOP/s of one core (fwd+bwd, fp32)
     parallel_fraction: float  # Amdahl parallel fraction of a training step
@@ -178,21 +178,3 @@ def step(
         cpu_used=cpu_s / t,
         gpu_used=gpu_s / t,
     )
-
-
-def load_calibration(path: str | None = None) -> Calibration:
-    """The calibration measured on the reference machine (the ``training`` section of the shipped
-    ``reamer/data/profiles.json``), or one from ``path`` (a profile, or a flat calibration JSON)."""
-    import json
-    from importlib import resources
-    from pathlib import Path
-
-    if path is None:
-        text = resources.files("reamer.data").joinpath("profiles.json").read_text()
-    else:
-        text = Path(path).read_text()
-    d = json.loads(text)
-    if isinstance(d, dict) and isinstance(d.get("training"), dict):
-        d = d["training"]
-    fields = ("core_gflops", "parallel_fraction", "oversub_penalty", "ps_update_ns_per_byte", "source")
-    return Calibration(**{k: d[k] for k in fields if k in d})

@@ -1,41 +1,71 @@
 """Pure policies: a snapshot in, decisions out. None imports a backend (checked by import-linter).
 
-``make_policy(name, options, rng)`` builds a fresh policy for one run; ``POLICIES`` lists names.
+One registry for every policy, training (``static``, ``optimus``, ``nearchus``: decide on a
+:class:`~reamer.domain.ClusterSnapshot`) and harvesting (``dedicated``, ``naive``,
+``usage-reclaim``, ``reamer``: decide on a :class:`~reamer.domain.inference.HarvestSnapshot`).
+A new policy is one entry here: its kind, its config model (validated from a scenario's
+``policy.options.NAME``) and how to build it. ``make_policy(name, options, ...)`` builds a
+fresh one for one run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel
 
 from reamer.errors import InputError
+from reamer.models.inference import InferenceProfile
+from reamer.policies.harvest import Reamer, ReamerConfig
+from reamer.policies.harvest_baselines import (
+    Dedicated,
+    DedicatedConfig,
+    Naive,
+    NaiveConfig,
+    UsageReclaim,
+    UsageReclaimConfig,
+)
 from reamer.policies.nearchus import Nearchus, NearchusConfig
 from reamer.policies.options import parse_options
 from reamer.policies.optimus import Optimus, OptimusConfig
 from reamer.policies.static import Static, StaticConfig
 
-# name -> (config model, factory(config, rng, interval_s))
-_REGISTRY: dict[str, tuple[type[BaseModel], Callable[..., Any]]] = {
-    "static": (StaticConfig, lambda cfg, rng, interval_s: Static(cfg)),
-    "optimus": (OptimusConfig, lambda cfg, rng, interval_s: Optimus(cfg, interval_s)),
-    "nearchus": (NearchusConfig, lambda cfg, rng, interval_s: Nearchus(cfg, interval_s)),
+Kind = Literal["training", "harvest"]
+Profiles = Mapping[str, InferenceProfile] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    kind: Kind
+    config: type[BaseModel]
+    build: Callable[[Any, float, Profiles], Any]  # (config, interval_s, inference profiles) -> policy
+
+
+REGISTRY: dict[str, Entry] = {
+    "static": Entry("training", StaticConfig, lambda cfg, interval_s, prof: Static(cfg)),
+    "optimus": Entry("training", OptimusConfig, lambda cfg, interval_s, prof: Optimus(cfg, interval_s)),
+    "nearchus": Entry("training", NearchusConfig, lambda cfg, interval_s, prof: Nearchus(cfg, interval_s)),
+    "dedicated": Entry("harvest", DedicatedConfig, lambda cfg, interval_s, prof: Dedicated(cfg, interval_s, prof)),
+    "naive": Entry("harvest", NaiveConfig, lambda cfg, interval_s, prof: Naive(cfg, interval_s, prof)),
+    "usage-reclaim": Entry("harvest", UsageReclaimConfig,
+                           lambda cfg, interval_s, prof: UsageReclaim(cfg, interval_s, prof)),
+    "reamer": Entry("harvest", ReamerConfig, lambda cfg, interval_s, prof: Reamer(cfg, interval_s, prof)),
 }
 
 
-def register(name: str, config: type[BaseModel], factory: Callable[..., Any]) -> None:
-    _REGISTRY[name] = (config, factory)
+def policy_names(kind: Kind = "training") -> list[str]:
+    """The registered policies of one kind, in registry order."""
+    return [n for n, e in REGISTRY.items() if e.kind == kind]
 
 
-def policy_names() -> list[str]:
-    return list(_REGISTRY)
-
-
-def make_policy(name: str, options: dict[str, Any] | None = None, rng: np.random.Generator | None = None,
-                interval_s: float = 60.0, source: str = "--policy"):
-    if name not in _REGISTRY:
-        raise InputError(source, "policy", f"one of {', '.join(_REGISTRY)}", name)
-    config_model, factory = _REGISTRY[name]
-    return factory(parse_options(config_model, options, name, source), rng or np.random.default_rng(0), interval_s)
+def make_policy(name: str, options: dict[str, Any] | None = None, *, kind: Kind = "training",
+                interval_s: float = 60.0, profiles: Profiles = None, source: str = "--policy",
+                field: str = "policy"):
+    """A fresh ``kind`` policy ``name`` with ``options`` validated against its config model.
+    An unknown name or a bad option is an :class:`InputError` naming ``source`` and ``field``."""
+    entry = REGISTRY.get(name)
+    if entry is None or entry.kind != kind:
+        raise InputError(source, field, f"one of {', '.join(policy_names(kind))} ({kind} policies)", name)
+    return entry.build(parse_options(entry.config, options, name, source), interval_s, profiles)

@@ -15,6 +15,21 @@ from reamer.domain import JobTelemetry, JobView, Role
 
 
 @dataclass(frozen=True, slots=True)
+class Thresholds:
+    """When a resource counts as saturated: CPU used ≥ ``cpu`` of its limit, a link ≥ ``net``
+    of its capacity; the PS side is the narrower one when its link is busier than the worker
+    links by ``side_margin`` (relative). A policy that diagnoses exposes its own
+    (``policy.thresholds``); these are NEARCHUS's defaults."""
+
+    cpu: float = 0.85
+    net: float = 0.8
+    side_margin: float = 0.1
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+@dataclass(frozen=True, slots=True)
 class Diagnosis:
     bottleneck: str  # "network" | "worker_network" | "gpu" | "compute" | "ps" | "none"
     worker_cpu_util: float  # mean used/limit of workers

@@ -35,7 +35,8 @@ Every round (``decide(HarvestSnapshot)``), in this order:
    to training nodes with stable slack: pool node-hours are the cost harvesting saves.
 
 Requests are assumed to be routed to a service's replicas in proportion to their capacity at
-the SLO (:func:`replica_weights`), so a shrunk replica gets a smaller share.
+the SLO (:func:`reamer.models.inference.routing_weights`, what every backend applies), so a
+shrunk replica gets a smaller share.
 """
 
 from __future__ import annotations
@@ -60,12 +61,8 @@ from reamer.domain.inference import (
     ResizeReplica,
     ServiceState,
 )
-from reamer.models.inference import (
-    InferenceProfile,
-    capacity_per_replica,
-    load_inference_profiles,
-    size_service,
-)
+from reamer.models.inference import InferenceProfile, capacity_per_replica, size_service
+from reamer.models.profiles import shipped_profiles
 
 EPS = 1e-9
 
@@ -138,17 +135,6 @@ def replica_capacity(profile: InferenceProfile, cores: float, max_batch: int, ma
         return 0.0
     return capacity_per_replica(profile, float(cores), int(max_batch), float(max_wait_s), float(slo_p99_s),
                                 float(cfg.slowdown), quantile=float(cfg.quantile))
-
-
-def replica_weights(service: ServiceState, profile: InferenceProfile, cfg: HarvestConfig) -> dict[str, float]:
-    """Share of the service's requests each replica should get: proportional to its capacity
-    at the SLO (equal shares when none has any)."""
-    caps = {r.id: replica_capacity(profile, r.cores, r.max_batch, r.max_wait_s, service.slo_p99_s, cfg)
-            for r in service.replicas}
-    total = sum(caps.values())
-    if total <= 0:
-        return {k: 1.0 / len(caps) for k in caps} if caps else {}
-    return {k: v / total for k, v in caps.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +221,7 @@ class _Round:
 # ------------------------------------------------------------------------------ base
 
 
-class HarvestPolicy:
+class Harvester:
     """Shared machinery: working state, sizing, filter → score placement, scale up/down.
 
     Subclasses set the per-node budget (:meth:`_budget`), what a replica occupies against it
@@ -249,7 +235,7 @@ class HarvestPolicy:
                  profiles: Mapping[str, InferenceProfile] | None = None) -> None:
         self.cfg = config or self._default_config()
         self.interval_s = interval_s
-        self.profiles = dict(profiles) if profiles is not None else load_inference_profiles()
+        self.profiles = dict(profiles) if profiles is not None else dict(shipped_profiles().inference)
         self._surplus_since: dict[str, float] = {}
         self._boost: dict[str, float] = {}
         self._last_now: float | None = None
@@ -469,7 +455,7 @@ class HarvestPolicy:
 # ------------------------------------------------------------------------------ reamer
 
 
-class Reamer(HarvestPolicy):
+class Reamer(Harvester):
     """Cloud Reamer: slack-based, SLO-aware harvesting with a shrink → migrate → evict guard."""
 
     name = "reamer"

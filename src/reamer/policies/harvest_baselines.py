@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from reamer.domain.cluster import Node
 from reamer.domain.inference import NodeUsage, Replica
 from reamer.models.inference import InferenceProfile, max_throughput_per_s
-from reamer.policies.harvest import EPS, HarvestConfig, HarvestPolicy, Reamer, ReamerConfig, _Rep, _Round
-from reamer.policies.options import parse_options
+from reamer.policies.harvest import EPS, HarvestConfig, Harvester, _Rep, _Round
 
 
 class DedicatedConfig(HarvestConfig):
@@ -52,7 +51,7 @@ class UsageReclaimConfig(HarvestConfig):
     evict_cooldown_s: float = Field(20.0, ge=0)
 
 
-class Dedicated(HarvestPolicy):
+class Dedicated(Harvester):
     """Every replica in the dedicated pool (replicas found elsewhere are moved there)."""
 
     name = "dedicated"
@@ -71,7 +70,7 @@ class Dedicated(HarvestPolicy):
                         self._migrate(r, p, to)
 
 
-class Naive(HarvestPolicy):
+class Naive(Harvester):
     """Unrequested CPU of training nodes (cores − system reserve − training requests); no guard."""
 
     name = "naive"
@@ -86,7 +85,7 @@ class Naive(HarvestPolicy):
         return min(node.cores, usage.cores) - usage.system_reserve - usage.training_request
 
 
-class UsageReclaim(HarvestPolicy):
+class UsageReclaim(Harvester):
     """Koordinator-style reclaiming of measured-idle CPU with suppress and evict loops."""
 
     name = "usage-reclaim"
@@ -171,19 +170,3 @@ class UsageReclaim(HarvestPolicy):
                 want = p.request * k
                 if abs(want - p.cores) > 1e-6:
                     self._resize(r, p, want)
-
-
-HARVEST_POLICIES: dict[str, tuple[type[BaseModel], type[HarvestPolicy]]] = {
-    "dedicated": (DedicatedConfig, Dedicated),
-    "naive": (NaiveConfig, Naive),
-    "usage-reclaim": (UsageReclaimConfig, UsageReclaim),
-    "reamer": (ReamerConfig, Reamer),
-}
-"""Name → (config model, class ``cls(config, interval_s)``) of every harvesting policy."""
-
-
-def make_harvest_policy(name: str, options: dict | None = None, interval_s: float | None = 60.0,
-                        profiles: Mapping[str, InferenceProfile] | None = None,
-                        source: str = "policy.options") -> HarvestPolicy:
-    config_model, cls = HARVEST_POLICIES[name]
-    return cls(parse_options(config_model, options, name, source), interval_s, profiles)  # type: ignore[arg-type]

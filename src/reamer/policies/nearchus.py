@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,7 +51,7 @@ from reamer.domain import (
     StartJob,
     TrainingJob,
 )
-from reamer.policies.diagnosis import Diagnosis, diagnose
+from reamer.policies.diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose
 from reamer.policies.placement import FreeMap, Strategy
 
 
@@ -63,9 +64,9 @@ class NearchusConfig(BaseModel):
     max_wait_samples: int = Field(5, ge=1)
     min_gain: float = Field(0.05, ge=0)  # relative speed gain a grow must bring to be kept
     efficiency_threshold: float = Field(0.3, ge=0)  # (ΔS/S)/(ΔR/R) to keep scaling vertically
-    cpu_saturation: float = Field(0.85, gt=0, le=1)
-    net_saturation: float = Field(0.8, gt=0, le=1)
-    net_side_margin: float = Field(0.1, ge=0)  # PS link busier than worker links by this much → PS side is the bottleneck
+    cpu_saturation: float = Field(DEFAULT_THRESHOLDS.cpu, gt=0, le=1)
+    net_saturation: float = Field(DEFAULT_THRESHOLDS.net, gt=0, le=1)
+    net_side_margin: float = Field(DEFAULT_THRESHOLDS.side_margin, ge=0)  # PS link busier than worker links by this much → PS side is the bottleneck
     upscale_factor: float = Field(1.5, gt=1)
     core_step: float = Field(0.5, gt=0)  # CPU limits are multiples of this
     max_growth: float = Field(4.0, ge=1)  # per-job maximum: × requested cores
@@ -86,9 +87,36 @@ class NearchusConfig(BaseModel):
     gpu_fit: bool = True  # fractional-GPU containers: best fit on free GPU shares first (against fragmentation)
 
 
+class Action(StrEnum):
+    """What NEARCHUS does to one job in one round."""
+
+    TRIM_PS = "trim_ps"  # PS limits down to their use
+    TRIM = "trim"  # worker limits down to their use
+    UP_PS = "up_ps"  # PS limits up (vertical)
+    UP_WORKERS = "up_workers"  # worker limits up (vertical)
+    ADD_PS = "add_ps"  # one more PS shard (outscale, network-bound)
+    ADD_WORKER = "add_worker"  # one more worker (outscale, parallelism)
+
+    @property
+    def trims(self) -> bool:
+        return self in (Action.TRIM, Action.TRIM_PS)
+
+    @property
+    def upscales(self) -> bool:
+        return self in (Action.UP_PS, Action.UP_WORKERS)
+
+    @property
+    def adds(self) -> bool:
+        return self in (Action.ADD_PS, Action.ADD_WORKER)
+
+    @property
+    def role(self) -> Role:
+        return Role.PS if self in (Action.TRIM_PS, Action.UP_PS, Action.ADD_PS) else Role.WORKER
+
+
 @dataclass
 class _Change:
-    kind: str
+    kind: Action
     at: float
     speed_before: float
     cores_before: float
@@ -108,8 +136,8 @@ class _Job:
     samples: list[float] = field(default_factory=list)
     pending: _Change | None = None
     increments: list[_Change] = field(default_factory=list)
-    blocked: dict[str, float] = field(default_factory=dict)
-    failures: dict[str, int] = field(default_factory=dict)
+    blocked: dict[Action, float] = field(default_factory=dict)
+    failures: dict[Action, int] = field(default_factory=dict)
     vertical_eff: float | None = None
     owed: bool = False  # runs below its request because it started thin or was squeezed
 
@@ -133,6 +161,11 @@ class Nearchus:
         self._cpu_growth_ok = False
         self._nic: dict[str, float] = {}  # node -> measured NIC utilization (last telemetry)
 
+    @property
+    def thresholds(self) -> Thresholds:
+        """The saturation thresholds its diagnosis uses (reports diagnose with the same)."""
+        return Thresholds(self.cfg.cpu_saturation, self.cfg.net_saturation, self.cfg.net_side_margin)
+
     # ----------------------------------------------------------------- round
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
         free = self._free = FreeMap(snap, self._free)
@@ -147,7 +180,7 @@ class Nearchus:
                 del self.jobs[jid]
         for job in snap.running:
             st = self.jobs.setdefault(job.id, _Job(job.started_s or snap.now))
-            if st.pending is not None and not st.pending.added and st.pending.kind.startswith("add"):
+            if st.pending is not None and not st.pending.added and st.pending.kind.adds:
                 st.pending.added = sorted({c.id for c in job.containers} - st.pending.ids_before)
             tel = snap.telemetry.get(job.id)
             if tel is not None and tel.since_s >= st.last_change - 1e-9:
@@ -196,7 +229,7 @@ class Nearchus:
         if ch is not None:
             st.pending = None
             gain = speed / ch.speed_before - 1.0 if ch.speed_before > 0 else 0.0
-            if ch.kind.startswith("trim"):
+            if ch.kind.trims:
                 if gain < -self.cfg.min_gain:  # trimming hurt: give the cores back
                     return self._revert(job, st, ch, now, free, block=True)
             elif gain < self.cfg.min_gain:
@@ -204,41 +237,42 @@ class Nearchus:
             else:
                 added = ch.cores_after - ch.cores_before
                 ch.gain_per_core = (speed - ch.speed_before) / added if added > 0 else math.inf
-                if ch.kind.startswith("up"):
+                if ch.kind.upscales:
                     st.vertical_eff = gain / (added / ch.cores_before) if added > 0 else 0.0
                 st.increments.append(ch)
         d = diagnose(job, tel, self.cfg.cpu_saturation, self.cfg.net_saturation, self.cfg.net_side_margin)
         for kind in self._plan(d, st):
-            if not grow and not kind.startswith("trim") and not (
-                    self._cpu_growth_ok and (kind != "add_worker" or job.of_role(Role.WORKER)[0].res.gpu == 0)):
+            if not grow and not kind.trims and not (
+                    self._cpu_growth_ok and (kind is not Action.ADD_WORKER or job.of_role(Role.WORKER)[0].res.gpu == 0)):
                 continue  # jobs are waiting: idle cores go to them, not to growth
             dec = self._act(kind, job, st, d, speed, now, free, tel)
             if dec:
                 return dec
         return []
 
-    def _plan(self, d: Diagnosis, st: _Job) -> list[str]:
+    def _plan(self, d: Diagnosis, st: _Job) -> list[Action]:
         if (self.cfg.trim_ps and d.bottleneck != "ps" and d.ps_cpu_util < self.cfg.trim_below
                 and d.ps_throttled < self.cfg.trim_throttled):
-            trim_ps = ["trim_ps"]  # idle PS cores (a PS mostly moves bytes) go back first
+            trim_ps = [Action.TRIM_PS]  # idle PS cores (a PS mostly moves bytes) go back first
         else:
             trim_ps = []
         return trim_ps + self._plan_grow(d, st)
 
-    def _plan_grow(self, d: Diagnosis, st: _Job) -> list[str]:
+    def _plan_grow(self, d: Diagnosis, st: _Job) -> list[Action]:
         vertical_ok = st.vertical_eff is None or st.vertical_eff >= self.cfg.efficiency_threshold
         out = self.cfg.outscale
         if d.bottleneck == "network":
-            return ["add_ps"] if out else []
+            return [Action.ADD_PS] if out else []
         if d.bottleneck == "worker_network":
             return []
         if d.bottleneck == "ps":
-            return (["up_ps"] if vertical_ok else []) + (["add_ps"] if out else []) + ["up_ps"]
+            return ([Action.UP_PS] if vertical_ok else []) + ([Action.ADD_PS] if out else []) + [Action.UP_PS]
         if d.bottleneck == "compute":
-            return (["up_workers"] if vertical_ok else []) + (["add_worker"] if out else []) + ["up_workers"]
-        trim = ["trim"] if self._trimmable(d) else []
+            return (([Action.UP_WORKERS] if vertical_ok else []) + ([Action.ADD_WORKER] if out else [])
+                    + [Action.UP_WORKERS])
+        trim = [Action.TRIM] if self._trimmable(d) else []
         if d.bottleneck == "gpu":  # a GPU cannot be upscaled: parallelism is the way
-            return trim + (["add_worker"] if out else [])
+            return trim + ([Action.ADD_WORKER] if out else [])
         return trim
 
     def _trimmable(self, d: Diagnosis) -> bool:
@@ -246,7 +280,7 @@ class Nearchus:
         return (self.cfg.trim and d.worker_cpu_util < self.cfg.trim_below
                 and d.worker_throttled < self.cfg.trim_throttled)
 
-    def _act(self, kind: str, job: JobView, st: _Job, d: Diagnosis, speed: float, now: float,
+    def _act(self, kind: Action, job: JobView, st: _Job, d: Diagnosis, speed: float, now: float,
              free: FreeMap, tel=None) -> list[Decision]:
         if st.blocked.get(kind, -math.inf) > now:
             return []
@@ -256,12 +290,12 @@ class Nearchus:
         ids = frozenset(c.id for c in job.containers)
         decisions: list[Decision] = []
         undo: list[tuple[str, Resources]] = []
-        if kind in ("up_workers", "up_ps", "trim", "trim_ps"):
-            role = Role.PS if kind in ("up_ps", "trim_ps") else Role.WORKER
+        role = kind.role
+        if not kind.adds:
             targets = job.of_role(role)
             new_total = cores
             for c in targets:
-                if kind.startswith("trim"):
+                if kind.trims:
                     util = d.ps_cpu_util if role is Role.PS else d.worker_cpu_util
                     want = self._round(max(self.cfg.core_step, c.res.cpu * util * (1 + self.cfg.trim_margin)))
                     if want >= c.res.cpu:
@@ -281,7 +315,6 @@ class Nearchus:
                 return []
             after = new_total
         else:
-            role = Role.PS if kind == "add_ps" else Role.WORKER
             have = len(job.of_role(role))
             if have >= (spec.max_ps if role is Role.PS else spec.max_workers):
                 return []
@@ -298,7 +331,7 @@ class Nearchus:
                 self._nic[p.node] = self._nic.get(p.node, 0.0) + expect / self._nic_cap[p.node]
             decisions.append(AddContainer(job.id, p))
             after = cores + tmpl.cpu
-        if kind == "trim":
+        if kind is Action.TRIM:
             st.owed = False  # it does not use what it has: nothing is owed
         st.pending = _Change(kind, now, speed, cores, after, undo, ids)
         self._reset(st, now)
@@ -329,7 +362,7 @@ class Nearchus:
         if block:  # exponential back-off: an action that keeps failing is tried ever less often
             st.failures[ch.kind] = st.failures.get(ch.kind, 0) + 1
             st.blocked[ch.kind] = now + self.cfg.block_s * 2 ** (st.failures[ch.kind] - 1)
-        if ch.kind.startswith("up"):
+        if ch.kind.upscales:
             st.vertical_eff = 0.0  # vertical scaling stopped paying: outscale next
         self._reset(st, now)
         return decisions
@@ -499,7 +532,7 @@ class Nearchus:
                 continue
             present = {c.id: c for c in running[jid].containers}
             for ch in st.increments + ([st.pending] if st.pending is not None else []):
-                if ch.kind != "add_worker":
+                if ch.kind is not Action.ADD_WORKER:
                     continue
                 for cid in ch.added:
                     c = present.get(cid)

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from reamer.backends.local.cluster import LocalNode
 from reamer.backends.local.inference import LOAD_CPU_WEIGHT, LocalInference, LocalService, load_schedule_args
-from reamer.domain import AddContainer, Container, Node, Resize, Resources, Role, StartJob, TrainingJob
+from reamer.backends.state import ClusterState
+from reamer.domain import AddContainer, Node, Resize, Resources, Role, StartJob, TrainingJob
 from reamer.domain.decisions import Placement
 from reamer.models.inference import InferenceProfile
 from reamer.workloads.real.loadgen import poisson_arrivals, schedule_of
@@ -19,23 +19,20 @@ class NoStats:
         raise OSError("no cgroup in this test")
 
 
-@dataclass
-class FakeJob:
-    spec: TrainingJob
-    containers: dict = field(default_factory=dict)
-    procs: dict = field(default_factory=dict)
-
-
 class FakeTraining:
+    """What LocalInference reads of training: the shared state (one running job: its worker on
+    ``a``, its PS on ``b``), the nodes, and which containers run (all of them)."""
+
     def __init__(self):
         self.local = {n: LocalNode(Node(n, 2.0, 4096), i) for i, n in enumerate(("a", "b"))}
         self.nodes = tuple(ln.node for ln in self.local.values())
-        spec = TrainingJob("j", "small_cnn", 0, 100, 1, 1, Resources(0.5), Resources(1.0))
-        w = Container("j/worker0", "j", Role.WORKER, "a", Resources(1.0))
-        self.jobs = {"j": FakeJob(spec, {w.id: w}, {w.id: object()})}
+        self.state = ClusterState(self.nodes)
+        self.state.submit(TrainingJob("j", "small_cnn", 0, 100, 1, 1, Resources(0.5), Resources(1.0)), 0.0)
+        self.state.apply(StartJob("j", (Placement(Role.PS, "b", Resources(0.5)),
+                                        Placement(Role.WORKER, "a", Resources(1.0)))), 0.0)
 
-    def _env(self):
-        return {}
+    def running_containers(self, node):
+        return self.state.containers_on(node)
 
 
 class Recording(NoStats):
@@ -85,7 +82,7 @@ def test_node_usage_counts_training_limits_and_requests(tmp_path):
         snap = inf.observe(1.0)
         a, b = snap.usage["a"], snap.usage["b"]
         assert (a.training_limit, a.training_request, a.training_used, a.system_reserve) == (1.0, 1.0, 1.0, 0.25)
-        assert b.training_limit == 0.0
+        assert (b.training_limit, b.training_request) == (0.5, 0.5)
         assert snap.services[0].predicted_rate_per_s == 5.0 and snap.services[0].replicas == ()
     finally:
         inf.close()
@@ -94,14 +91,14 @@ def test_node_usage_counts_training_limits_and_requests(tmp_path):
 def test_expected_growth_counts_before_training_actuates_then_clears(tmp_path):
     inf = _inference(tmp_path)
     try:
-        inf.expect([Resize("j/worker0", Resources(1.5)),
+        inf.expect([Resize("j/worker1", Resources(1.5)),
                     AddContainer("j", Placement(Role.PS, "b", Resources(0.5))),
                     StartJob("k", (Placement(Role.WORKER, "b", Resources(1.0)),)),
-                    Resize("j/worker0", Resources(0.5))])  # a shrink frees nothing until it happened
+                    Resize("j/worker1", Resources(0.5))])  # a shrink frees nothing until it happened
         snap = inf.observe(2.0)
-        assert snap.usage["a"].training_limit == 1.5
-        assert snap.usage["b"].training_limit == 1.5
-        assert inf.observe(3.0).usage["b"].training_limit == 0.0  # one round only
+        assert (snap.usage["a"].training_limit, snap.usage["a"].training_need) == (1.5, 1.5)
+        assert snap.usage["b"].training_limit == 2.0
+        assert inf.observe(3.0).usage["b"].training_limit == 0.5  # one round only
     finally:
         inf.close()
 

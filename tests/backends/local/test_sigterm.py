@@ -1,6 +1,6 @@
 """SIGTERM inside a real run's block unwinds like Ctrl-C (so its cleanup runs); outside it the
 previous handler is back. The end-to-end check (a controller stopped by SIGTERM leaves nothing)
-is tests/backends/local/test_session.py::test_interrupting_the_controller_leaves_nothing."""
+is tests/runtime/test_local_run.py::test_interrupting_the_controller_leaves_nothing."""
 
 from __future__ import annotations
 

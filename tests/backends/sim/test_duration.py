@@ -5,14 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from reamer.backends.sim import simulate
+from reamer.runtime import simulate
 from reamer.backends.sim.cluster import SimCluster
 from reamer.config.scenario import load_scenario
 from reamer.domain import Node, Resources, Role, StartJob, TrainingJob
 from reamer.domain.decisions import Placement, Resize
-from reamer.models.training import load_calibration
+from reamer.models.profiles import shipped_profiles
 
-CAL = load_calibration()
+CAL = shipped_profiles().calibration
 START = (Placement(Role.PS, "n0", Resources(1, 512)), Placement(Role.WORKER, "n1", Resources(2, 512)))
 
 
@@ -37,14 +37,14 @@ def test_ends_at_first_start_plus_duration_whatever_the_speed(start):
     c.actuate([StartJob("j", START)], start)
     assert _last_valid(c, events)[1] == start + 300.0
     # a resize (speed change) and contention re-time it, but not its end
-    c.actuate([Resize(c.jobs["j"].containers["j/worker1"].id, Resources(1, 512))], start + 100.0)
+    c.actuate([Resize(c.state.jobs["j"].containers["j/worker1"].id, Resources(1, 512))], start + 100.0)
     c.set_contention({"n1": 0.5}, start + 150.0)
     jid, t, v = _last_valid(c, events)
     assert t == start + 300.0
     assert not c.complete(jid, v - 1, t)  # earlier events are stale
     assert c.complete(jid, v, t)
-    j = c.jobs["j"]
-    assert j.state.value == "done" and j.finished == start + 300.0
+    j = c.state.jobs["j"]
+    assert j.state.value == "done" and j.finished_s == start + 300.0
 
 
 def test_work_is_what_its_speed_allowed_not_capped_by_samples():

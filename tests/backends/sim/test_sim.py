@@ -1,15 +1,15 @@
 import numpy as np
 import pytest
 
-from reamer.backends.sim import EventQueue, simulate
-from reamer.backends.sim.cluster import InvalidDecision, SimCluster
+from reamer.backends.sim import EventQueue, SimCluster
 from reamer.backends.sim.engine import Ev
 from reamer.config.scenario import load_scenario
+from reamer.runtime import simulate
 from reamer.domain import AddContainer, Node, Preempt, Resources, Role, StartJob, TrainingJob
-from reamer.domain.decisions import Placement
-from reamer.models.training import load_calibration
+from reamer.domain.decisions import InvalidDecision, Placement
+from reamer.models.profiles import shipped_profiles
 
-CAL = load_calibration()
+CAL = shipped_profiles().calibration
 
 
 def small(seed=1, jobs=40):
@@ -75,7 +75,7 @@ def test_backend_rejects_overcommit_and_keeps_state():
     bad = StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)), Placement(Role.WORKER, "n0", Resources(8, 512))))
     with pytest.raises(InvalidDecision):
         c.actuate([bad], 0.0)
-    assert c.free["n0"] == Resources(8, 8192) and "j" in c.queue
+    assert c.state.free["n0"] == Resources(8, 8192) and "j" in c.state.queue
 
 
 def test_preempt_keeps_progress_and_requeues():
@@ -83,8 +83,8 @@ def test_preempt_keeps_progress_and_requeues():
     c.actuate([StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)), Placement(Role.WORKER, "n1", Resources(2, 512))))], 0.0)
     assert events and events[-1][1] > 0
     c.actuate([Preempt("j")], 100.0)
-    assert "j" in c.queue and c.jobs["j"].done > 0
-    assert c.free["n0"] == Resources(8, 8192)
+    assert "j" in c.state.queue and c.jobs["j"].done > 0
+    assert c.state.free["n0"] == Resources(8, 8192)
     # the completion scheduled before preemption is now stale
     jid, t, v = events[-1]
     assert not c.complete(jid, v, t)

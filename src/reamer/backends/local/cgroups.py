@@ -448,16 +448,7 @@ class CgroupExecutor:
 
     def quota_cores(self, name: str) -> float | None:
         """Tightest CFS quota/period on the path from the cgroup up to the root; None = unlimited."""
-        d = self.path(name, "cpu")
-        top = self.root if self.version == 2 else self._hier["cpu"]
-        best: float | None = None
-        while True:
-            q = _read_quota(d, self.version)
-            if q is not None:
-                best = q if best is None else min(best, q)
-            if d == top or top not in d.parents:
-                return best
-            d = d.parent
+        return tightest_quota(self.path(name, "cpu"), self.root if self.version == 2 else self._hier["cpu"], self.version)
 
     def cpus(self, name: str) -> list[int]:
         """The CPUs the cgroup may run on (effective cpuset)."""
@@ -491,7 +482,9 @@ class CgroupExecutor:
         return n if q is None else min(q, n)
 
 
-def _read_quota(d: Path, version: int) -> float | None:
+def read_quota(d: Path, version: int) -> float | None:
+    """The CFS quota of cgroup directory ``d`` in cores (``cpu.max`` on v2, ``cpu.cfs_quota_us``
+    / ``cpu.cfs_period_us`` on v1); None when unlimited or unreadable."""
     try:
         if version == 2:
             quota, period = parse_cpu_max((d / "cpu.max").read_text())
@@ -500,9 +493,22 @@ def _read_quota(d: Path, version: int) -> float | None:
             period = int((d / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
-    if quota is None or quota < 0 or period <= 0:
+    if quota is None or quota <= 0 or period <= 0:
         return None
     return quota / period
+
+
+def tightest_quota(d: Path, top: Path, version: int) -> float | None:
+    """The tightest quota on the path from ``d`` up to ``top`` (a parent's quota binds its
+    children too); None when none is set."""
+    best: float | None = None
+    while True:
+        q = read_quota(d, version)
+        if q is not None:
+            best = q if best is None else min(best, q)
+        if d == top or top not in d.parents:
+            return best
+        d = d.parent
 
 
 def _need(kv: dict[str, int], keys: Sequence[str], path: Path) -> None:

@@ -23,30 +23,21 @@ testbed's network namespaces model only the training traffic.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reamer.backends.local.cgroups import CgroupExecutor, CpuStats
-from reamer.backends.local.cluster import LocalCluster, LocalNode
-from reamer.backends.local.procs import Proc
-from reamer.domain import AddContainer, Decision, Resize, Role, StartJob
-from reamer.domain.decisions import InvalidDecision
-from reamer.domain.inference import (
-    EvictReplica,
-    HarvestDecision,
-    HarvestSnapshot,
-    MigrateReplica,
-    NodeUsage,
-    PlaceReplica,
-    Replica,
-    ResizeReplica,
-    ServiceState,
-)
-from reamer.models.inference import InferenceProfile, capacity_per_replica
+from reamer.backends.local.cluster import LocalCluster
+from reamer.backends.local.procs import Proc, workload_env
+from reamer.backends.state import MoveReplica, ReplicaState, ServiceRecord, SetReplicaQuota, StartReplica
+from reamer.domain import Decision
+from reamer.domain.inference import HarvestDecision, HarvestSnapshot, Replica
+from reamer.models.inference import InferenceProfile, routing_weights
 from reamer.workloads.real.endpoints import write_endpoints
 
 SERVER_MODULE = "reamer.workloads.real.inference_server"
@@ -57,6 +48,7 @@ LOAD_MAX_INFLIGHT = 32  # the load generator's sender threads (the serving calib
 # 6 rounds: vgg_cifar at 60/s, a resnet_narrow step each second on its CPU: p99 median +13 %;
 # at this weight, 10x a container's default, median +1 %; docs/results.md).
 LOAD_CPU_WEIGHT = 1000
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,19 +72,21 @@ def load_schedule_args(spec: LocalService, seed: int) -> list[str]:
 
 @dataclass
 class _Service:
+    """What only the local backend has of a service: processes, ports, its endpoints file and
+    load generator."""
+
     spec: LocalService
     endpoints: Path  # the published endpoints file its clients balance over
-    replicas: dict[str, Replica] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
-    next_id: int = 0
     loadgen: Proc | None = None
-    seen: int = 0  # window lines consumed
+    seen: int = 0  # load generator lines consumed
     windows: list[dict] = field(default_factory=list)  # every loadgen window report
 
 
 class LocalInference:
-    """Harvest backend next to a :class:`LocalCluster` (which it reads training usage from)."""
+    """Harvest backend next to a :class:`LocalCluster`, over the shared
+    :class:`~reamer.backends.state.ReplicaState` (which books and validates every decision)."""
 
     def __init__(
         self,
@@ -101,7 +95,7 @@ class LocalInference:
         *,
         executor: CgroupExecutor,
         workdir: Path,
-        profiles: dict[str, InferenceProfile],
+        profiles: Mapping[str, InferenceProfile],
         system_reserve_cores: float = 0.0,
         python: str = sys.executable,
         clock: Callable[[], float] = time.monotonic,
@@ -110,13 +104,14 @@ class LocalInference:
         seed: int = 0,
         replica_cpus: Sequence[int] | None = None,
         load_cpus: Sequence[int] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.training = training
         self.drain_s = drain_s
         self.replica_cpus = tuple(replica_cpus) if replica_cpus is not None else None  # None: the node's CPUs
         self.load_cpus = tuple(load_cpus) if load_cpus is not None else None  # the load generators' CPUs
-        self.local: dict[str, LocalNode] = training.local
-        self.executor, self.workdir, self.python, self.clock = executor, Path(workdir), python, clock
+        self.cpus: dict[str, tuple[int, ...] | None] = {n: ln.cpus for n, ln in training.local.items()}
+        self.executor, self.workdir, self.python, self.clock, self.sleep = executor, Path(workdir), python, clock, sleep
         self.profiles = profiles
         self.reserve = system_reserve_cores
         self.launch_timeout_s = launch_timeout_s
@@ -128,9 +123,9 @@ class LocalInference:
             path = self.workdir / "endpoints" / f"{s.id}.json"
             write_endpoints(path, [])
             self.services[s.id] = _Service(s, path)
-        self.owner: dict[str, str] = {}  # replica → service
+        self.replicas = ReplicaState(training.state, [ServiceRecord(s.id, s.model, s.slo_p99_s, s.mem_mib_per_replica)
+                                                      for s in services], training.nodes)
         self._cpu: dict[str, tuple[float, CpuStats]] = {}
-        self._expected: dict[str, float] = {}  # node → CPU training is about to take (joint loop)
         self._load_wanted = self._load_started = False
         self.events: list[tuple[float, str, str]] = []
 
@@ -154,7 +149,7 @@ class LocalInference:
             argv = [self.python, "-m", LOADGEN_MODULE, "--endpoints", str(s.endpoints), *load_schedule_args(spec, self.seed),
                     "--window-s", f"{spec.window_s:g}", "--max-inflight", str(LOAD_MAX_INFLIGHT)]
             s.loadgen = Proc(argv, cgroup=name, executor=self.executor, log=self.workdir / "logs" / f"{name}.log",
-                             env=self.training._env(), clock=self.clock)
+                             env=workload_env(), clock=self.clock)
 
     @property
     def load_done(self) -> bool:
@@ -163,20 +158,7 @@ class LocalInference:
 
     # ------------------------------------------------------------------ joint loop
     def expect(self, decisions: Sequence[Decision]) -> None:
-        """Training decided these and applies them right after this harvest round: CPU they
-        add on a node counts as training's from now (released CPU counts only once freed)."""
-        current = {c.id: c for j in self.training.jobs.values() for c in j.containers.values()}
-        grow: dict[str, float] = {}
-        for d in decisions:
-            if isinstance(d, StartJob):
-                for p in d.placements:
-                    grow[p.node] = grow.get(p.node, 0.0) + p.res.cpu
-            elif isinstance(d, AddContainer):
-                grow[d.placement.node] = grow.get(d.placement.node, 0.0) + d.placement.res.cpu
-            elif isinstance(d, Resize) and d.container in current:
-                c = current[d.container]
-                grow[c.node] = grow.get(c.node, 0.0) + max(0.0, d.res.cpu - c.res.cpu)
-        self._expected = grow
+        self.replicas.expect(decisions)
 
     # ------------------------------------------------------------------ observe
     def _cpu_used(self, cgroup: str, key: str, now: float) -> float | None:
@@ -191,67 +173,46 @@ class LocalInference:
         return max(0.0, (st - prev[1]).usage_s / (now - prev[0]))
 
     def observe(self, now: float) -> HarvestSnapshot:
+        """Training's CPU use per node from its cgroups; its need is its CPU limits (NEARCHUS's
+        allocations, trimmed to the measured need in the joint loop); each service's last
+        load-generator window."""
         usage = {}
-        for name, ln in self.local.items():
-            cont = [c for j in self.training.jobs.values() for c in j.containers.values()
-                    if c.node == name and c.id in j.procs]
+        for node in self.training.nodes:
             used = 0.0
-            for c in cont:
+            for c in self.training.running_containers(node.name):
                 u = self._cpu_used(LocalCluster.cgroup_name(c.id), c.id, now)
                 used += u if u is not None else c.res.cpu
-            limits = sum(c.res.cpu for c in cont) + self._expected.get(name, 0.0)
-            request = sum((self.training.jobs[c.owner].spec.worker_res if c.role is Role.WORKER
-                           else self.training.jobs[c.owner].spec.ps_res).cpu for c in cont)
-            usage[name] = NodeUsage(name, ln.node.cores, self.reserve, limits, request, now, training_used=used,
-                                    mem_used_mib=sum(c.res.mem_mib for c in cont), training_limit=limits)
-        self._expected = {}
-        services = []
+            usage[node.name] = self.replicas.node_usage(node, now, reserve=self.reserve, need=None, used=used)
         for s in self.services.values():
-            if s.loadgen is not None:
-                for ln in s.loadgen.since(s.seen):
-                    s.seen += 1
-                    if ln.obj.get("event") == "window":
-                        s.windows.append(ln.obj)
-            rates = [(w["ok"] + w["errors"]) / s.spec.window_s for w in s.windows[-2:]]
-            if rates:
-                r1, r2 = rates[-1], rates[0]
-                pred = max(r1, r1 + (r1 - r2))
-            else:
-                pred = s.spec.rates[0]
-            p99 = s.windows[-1]["p99_ms"] / 1e3 if s.windows and s.windows[-1]["p99_ms"] is not None else None
-            services.append(ServiceState(s.spec.id, s.spec.model, s.spec.slo_p99_s, pred, tuple(s.replicas.values()),
-                                         p99, s.spec.mem_mib_per_replica))
-        return HarvestSnapshot(now, self.training.nodes, usage, tuple(services), pool="inference")
+            rec = self.replicas.services[s.spec.id]
+            for ln in s.loadgen.since(s.seen) if s.loadgen is not None else ():
+                s.seen += 1
+                if ln.obj.get("event") == "window":
+                    s.windows.append(ln.obj)
+                    rec.observed_rates.append((ln.obj["ok"] + ln.obj["errors"]) / s.spec.window_s)
+                    p99 = ln.obj["p99_ms"]
+                    rec.last_p99_s = p99 / 1e3 if p99 is not None else None
+        return self.replicas.snapshot(now, usage, {sid: s.spec.rates[0] for sid, s in self.services.items()})
 
     # ------------------------------------------------------------------ actuate
     def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None:
+        """Book each decision in the shared state (which validates it), then carry it out."""
         touched: set[str] = set()
         for d in decisions:
-            if isinstance(d, PlaceReplica):
-                s = self.services.get(d.service)
-                if s is None or d.node not in self.local or d.cores <= 0:
-                    raise InvalidDecision(f"place {d}: unknown service or node, or no cores")
-                self._start(s, Replica(f"{s.spec.id}/r{s.next_id}", d.node, d.cores, d.max_batch, d.max_wait_s))
-                s.next_id += 1
-                touched.add(s.spec.id)
-            elif isinstance(d, ResizeReplica):
-                s, r = self._replica(d.replica)
-                self.executor.set_cpu(self._cg(r.id), d.cores)
-                s.replicas[r.id] = Replica(r.id, r.node, d.cores, r.max_batch, r.max_wait_s)
-                touched.add(s.spec.id)
-            elif isinstance(d, MigrateReplica):
-                s, r = self._replica(d.replica)
-                if d.to_node not in self.local:
-                    raise InvalidDecision(f"migrate {r.id}: unknown node {d.to_node}")
-                self._start(s, Replica(f"{s.spec.id}/r{s.next_id}", d.to_node, r.cores, r.max_batch, r.max_wait_s))
-                s.next_id += 1
-                self._stop(s, r.id)  # make (the new one serves) before break (drained, then stopped)
-                touched.add(s.spec.id)
-            elif isinstance(d, EvictReplica):
-                s, r = self._replica(d.replica)
-                self._stop(s, r.id)
-                touched.add(s.spec.id)
+            e = self.replicas.apply(d)
+            s = self.services[e.service]
+            if isinstance(e, StartReplica):
+                self._start(s, e.replica)
+            elif isinstance(e, SetReplicaQuota):
+                self.executor.set_cpu(self._cg(e.replica.id), e.replica.cores)
+            elif isinstance(e, MoveReplica):
+                self._start(s, e.new)
+                self._stop(s, e.old.id)  # make (the new one serves) before break (drained, then stopped)
+            else:
+                self._stop(s, e.replica.id)
+            touched.add(e.service)
             self.events.append((now, type(d).__name__, str(d)))
+            log.info("%s", d, extra={"service": e.service, "t": round(now, 3)})
         for sid in touched:
             self._route(self.services[sid])
         if self._load_wanted and not self._load_started and all(s.ports for s in self.services.values()):
@@ -260,52 +221,40 @@ class LocalInference:
     def _cg(self, rid: str) -> str:
         return rid.replace("/", ".")
 
-    def _replica(self, rid: str) -> tuple[_Service, Replica]:
-        sid = self.owner.get(rid)
-        if sid is None or rid not in self.services[sid].replicas:
-            raise InvalidDecision(f"unknown replica {rid}")
-        s = self.services[sid]
-        return s, s.replicas[rid]
-
     def _start(self, s: _Service, r: Replica) -> None:
         name = self._cg(r.id)
         self.executor.create(name)
         self.executor.set_cpu(name, r.cores)
-        cpus = self.replica_cpus if self.replica_cpus is not None else self.local[r.node].cpus
+        cpus = self.replica_cpus if self.replica_cpus is not None else self.cpus[r.node]
         if cpus is not None:
             self.executor.set_cpuset(name, cpus)
         p = Proc([self.python, "-m", SERVER_MODULE, "--model", s.spec.model, "--max-batch", str(r.max_batch),
                   "--max-wait-ms", f"{r.max_wait_s * 1e3:g}", "--seed", str(self.seed)],
                  cgroup=name, executor=self.executor, log=self.workdir / "logs" / f"{name}.log",
-                 env=self.training._env(), clock=self.clock)
+                 env=workload_env(), clock=self.clock)
         try:
             hello = p.wait_for("listening", self.launch_timeout_s)
         except RuntimeError:
             p.kill()
             self.executor.remove(name, kill=True)
             raise
-        s.procs[r.id], s.ports[r.id], s.replicas[r.id] = p, int(hello["port"]), r
-        self.owner[r.id] = s.spec.id
+        s.procs[r.id], s.ports[r.id] = p, int(hello["port"])
 
     def _route(self, s: _Service) -> None:
-        """Weights = each replica's capacity at the SLO (the routing every policy assumes)."""
-        reps = [r for r in s.replicas.values() if r.id in s.ports]
-        caps = [capacity_per_replica(self.profiles[s.spec.model], r.cores, int(r.max_batch), float(r.max_wait_s),
-                                     s.spec.slo_p99_s) for r in reps]
-        if sum(caps) <= 0:
-            caps = [1.0] * len(reps)
-        write_endpoints(s.endpoints, [("127.0.0.1", s.ports[r.id], c) for r, c in zip(reps, caps, strict=True)])
+        """Publish the serving replicas with the routing weights every policy assumes."""
+        reps = [r for r in self.replicas.services[s.spec.id].replicas.values() if r.id in s.ports]
+        weights = routing_weights(self.profiles[s.spec.model], reps, s.spec.slo_p99_s)
+        # a replica that cannot meet the SLO at any load still serves, with a negligible share
+        write_endpoints(s.endpoints, [("127.0.0.1", s.ports[r.id], max(w, 1e-9)) for r, w in zip(reps, weights, strict=True)])
 
     def _stop(self, s: _Service, rid: str) -> None:
         """Take the replica out of the endpoints, let its in-flight requests (and those its
         clients picked before they saw the new file) finish (``drain_s``), then stop it."""
-        s.replicas.pop(rid, None)
-        self._route(s)
         p = s.procs.pop(rid, None)
         s.ports.pop(rid, None)
-        self.owner.pop(rid, None)
+        self._route(s)
         if p is not None:
-            time.sleep(self.drain_s)
+            self.sleep(self.drain_s)
             p.signal(signal.SIGTERM)
             if p.wait(10) is None:
                 p.kill()
@@ -326,6 +275,23 @@ class LocalInference:
                 except (OSError, ValueError):
                     continue
         return out
+
+    def load_results(self, timeout_s: float = 30.0) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+        """After the run: per service, every window its load generator reported (with when it
+        arrived, on this backend's clock) and its final report."""
+        windows: dict[str, list[dict]] = {}
+        finals: dict[str, dict] = {}
+        for sid, s in self.services.items():
+            windows[sid] = list(s.windows)
+            if s.loadgen is None:
+                continue
+            s.loadgen.wait(timeout_s)
+            lines = s.loadgen.since(0)
+            windows[sid] = [{**ln.obj, "received_s": round(ln.t, 3)} for ln in lines if ln.obj.get("event") == "window"]
+            final = [ln.obj for ln in lines if ln.obj.get("event") == "done"]
+            if final:
+                finals[sid] = final[-1]
+        return windows, finals
 
     # ------------------------------------------------------------------ end
     def close(self) -> None:

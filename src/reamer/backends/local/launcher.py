@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reamer.backends.local.cgroups import tightest_quota
+
 THREAD_ENV_VARS = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
@@ -155,40 +157,6 @@ def _own_dir(top: Path, rel: str) -> Path:
     return d if d.is_dir() else top
 
 
-def _quota_in(d: Path, top: Path, files: Callable[[Path], float | None]) -> float | None:
-    best: float | None = None
-    while True:
-        q = files(d)
-        if q is not None:
-            best = q if best is None else min(best, q)
-        if d == top or top not in d.parents:
-            return best
-        d = d.parent
-
-
-def _v2_quota(d: Path) -> float | None:
-    try:
-        parts = (d / "cpu.max").read_text().split()
-    except OSError:
-        return None
-    if not parts or parts[0] == "max":
-        return None
-    try:
-        quota, period = int(parts[0]), int(parts[1]) if len(parts) > 1 else 100_000
-    except ValueError:
-        return None
-    return quota / period if quota > 0 and period > 0 else None
-
-
-def _v1_quota(d: Path) -> float | None:
-    try:
-        quota = int((d / "cpu.cfs_quota_us").read_text())
-        period = int((d / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return quota / period if quota > 0 and period > 0 else None
-
-
 def read_own_quota(
     proc_self_cgroup_path: Path = Path("/proc/self/cgroup"),
     cgroup_root: Path = Path("/sys/fs/cgroup"),
@@ -202,12 +170,12 @@ def read_own_quota(
         return None
     root = Path(cgroup_root)
     if v2_path is not None and (root / "cgroup.controllers").exists():
-        return _quota_in(_own_dir(root, v2_path), root, _v2_quota)
+        return tightest_quota(_own_dir(root, v2_path), root, 2)
     if "cpu" in v1_paths:
         for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
             top = root / mount
             if top.is_dir():
-                return _quota_in(_own_dir(top, v1_paths["cpu"]), top, _v1_quota)
+                return tightest_quota(_own_dir(top, v1_paths["cpu"]), top, 1)
     return None
 
 

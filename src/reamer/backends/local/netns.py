@@ -19,7 +19,6 @@ the leftovers of a process that no longer exists (a startup sweep after ``kill -
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import re
@@ -159,8 +158,9 @@ class Testbed:
     midway everything created so far is removed before the error propagates.
 
     ``pid`` only names things (tests pass a dead pid to imitate a crashed owner). Use as a
-    context manager, or call :meth:`close`; :meth:`close_on_exit` opts in to cleanup on
-    SIGINT/SIGTERM and at interpreter exit.
+    context manager, or call :meth:`close` (a run removes it on SIGTERM and Ctrl-C too:
+    :func:`reamer.backends.local.session.sigterm_as_interrupt`; after ``kill -9`` the next
+    run's :func:`sweep` does).
     """
 
     __test__ = False  # not a pytest test class despite its name
@@ -186,7 +186,6 @@ class Testbed:
         self._lock = threading.Lock()
         self._created: list[str] = []  # namespaces, in creation order
         self._closed = False
-        self._uninstall: Callable[[], None] | None = None
         self.token = _base36(self.pid)
         self.switch = f"{prefix}-{self.pid}-sw"
         self.hosts: list[Host] = []
@@ -319,7 +318,7 @@ class Testbed:
 
     def close(self, *, blocking: bool = True) -> None:
         """Remove everything created (processes left in the namespaces are SIGKILLed). Idempotent.
-        ``blocking=False`` returns at once when another close is in progress (signal handlers)."""
+        ``blocking=False`` returns at once when another close is in progress."""
         if not self._lock.acquire(blocking=blocking):
             return
         try:
@@ -329,10 +328,6 @@ class Testbed:
                 self._teardown()
             finally:
                 self._closed = not self._created
-                if self._closed and self._uninstall is not None:
-                    uninstall, self._uninstall = self._uninstall, None
-                    with contextlib.suppress(Exception):
-                        uninstall()
         finally:
             self._lock.release()
 
@@ -341,40 +336,6 @@ class Testbed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def close_on_exit(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Callable[[], None]:
-        """Opt in: close at interpreter exit and on ``signals`` (then the previous handler
-        runs, so Ctrl-C still raises KeyboardInterrupt and SIGTERM still terminates).
-        Main thread only. Returns a function that uninstalls (close does it too)."""
-        previous: dict[int, Any] = {}
-
-        def handler(signum: int, frame: Any) -> None:
-            with contextlib.suppress(Exception):
-                self.close(blocking=False)
-            prev = previous.get(signum, signal.SIG_DFL)
-            if callable(prev):
-                prev(signum, frame)
-            elif prev == signal.SIG_DFL:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
-        def at_exit() -> None:
-            with contextlib.suppress(Exception):
-                self.close()
-
-        for sig in signals:
-            previous[sig] = signal.signal(sig, handler)
-        atexit.register(at_exit)
-
-        def uninstall() -> None:
-            atexit.unregister(at_exit)
-            for sig, prev in previous.items():
-                with contextlib.suppress(ValueError, TypeError):
-                    if signal.getsignal(sig) is handler:
-                        signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
-
-        self._uninstall = uninstall
-        return uninstall
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._created)} namespaces"

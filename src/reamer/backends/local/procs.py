@@ -26,6 +26,18 @@ from reamer.backends.local.cgroups import CgroupExecutor
 GATE = 'read _ && exec "$@"'
 
 
+def workload_env() -> dict[str, str]:
+    """The environment of a workload process: this package importable (from a checkout too),
+    unbuffered output, no inherited thread-count settings (each workload sizes its pools
+    from its own container)."""
+    src = str(Path(__file__).resolve().parents[3])  # the package's parent folder
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
 @dataclass(frozen=True, slots=True)
 class Line:
     t: float  # clock() when the line arrived

@@ -61,34 +61,24 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from reamer.backends.sim.cluster import InvalidDecision, SimCluster
+from reamer.backends.sim.cluster import SimCluster
+from reamer.backends.state import MoveReplica, ReplicaState, ServiceRecord, SetReplicaQuota, StartReplica
 from reamer.config.scenario import DiurnalRate, InferenceSection, Scenario
-from reamer.domain import Node
-from reamer.domain.inference import (
-    EvictReplica,
-    HarvestDecision,
-    HarvestSnapshot,
-    MigrateReplica,
-    NodeUsage,
-    PlaceReplica,
-    Replica,
-    ResizeReplica,
-    ServiceState,
-)
+from reamer.domain import Decision, Node
+from reamer.domain.inference import HarvestDecision, HarvestSnapshot, PlaceReplica, Replica
 from reamer.errors import InputError
 from reamer.models.inference import (
     InferenceProfile,
     analytic_p99_s,
     analytic_slo_miss,
-    capacity_per_replica,
-    load_inference_profiles,
     max_throughput_per_s,
+    routing_weights,
 )
 from reamer.workloads.rates import diurnal_rates, read_genai_qps
 
@@ -154,20 +144,6 @@ def service_rates(sc: Scenario, minutes: int, rng: np.random.Generator) -> dict[
 
 
 @dataclass
-class _Service:
-    id: str
-    model: str
-    profile: InferenceProfile
-    slo_s: float
-    mem: float
-    rates: np.ndarray
-    replicas: dict[str, Replica] = field(default_factory=dict)
-    observed: list[float] = field(default_factory=list)  # observed rate per past window
-    last_p99: float | None = None
-    next_id: int = 0
-
-
-@dataclass
 class InferenceTotals:
     windows: int = 0
     service_windows: int = 0
@@ -187,10 +163,13 @@ class InferenceTotals:
 
 
 class SimInference:
-    """The ``sim`` backend of the harvest round (observe → decide → actuate), one per run."""
+    """The ``sim`` backend of the harvest round (observe → decide → actuate), one per run. The
+    replicas and what was measured per window are the shared
+    :class:`~reamer.backends.state.ReplicaState`'s; this keeps the rates, latency and
+    contention physics."""
 
     def __init__(self, sc: Scenario, cluster: SimCluster, rng: np.random.Generator,
-                 profiles: dict[str, InferenceProfile] | None = None, noise_pct: float | None = None) -> None:
+                 profiles: Mapping[str, InferenceProfile], noise_pct: float | None = None) -> None:
         sec = sc.inference
         if sec is None:
             raise ValueError("scenario has no inference section")
@@ -200,13 +179,11 @@ class SimInference:
         self.rng = rng
         self.noise = (sc.policy.telemetry_noise_pct if noise_pct is None else noise_pct) / 100.0
         self.interval_s = sec.interval_s
-        profiles = profiles if profiles is not None else load_inference_profiles()
         self.train_nodes = tuple(n for n in cluster.nodes if n.gpus > 0)
         if any(n.pool == sec.pool.name for n in cluster.nodes):
             raise InputError(sc.source, "field inference.pool.name", "a name no cluster node pool uses", sec.pool.name)
         self.pool = pool_nodes(sec)
         self.nodes = self.train_nodes + self.pool
-        self.node_by_name = {n.name: n for n in self.nodes}
         self.train_names = {n.name for n in self.train_nodes}
         horizon = sc.horizon_s or 86400.0
         self.windows = int(math.ceil(horizon / self.interval_s))
@@ -214,10 +191,10 @@ class SimInference:
             if s.model not in profiles:
                 raise InputError(sc.source, f"field inference.services.{k}.model",
                                  f"one of {', '.join(sorted(profiles))}", s.model)
-        rates = service_rates(sc, self.windows, rng)
-        self.services = {s.id: _Service(s.id, s.model, profiles[s.model], s.slo_p99_ms / 1e3, s.mem_mib_per_replica,
-                                        rates[s.id]) for s in sec.services}
-        self.replica_service: dict[str, str] = {}
+        self.rates = service_rates(sc, self.windows, rng)
+        self.profile = {s.id: profiles[s.model] for s in sec.services}
+        self.replicas = ReplicaState(cluster.state, [ServiceRecord(s.id, s.model, s.slo_p99_ms / 1e3, s.mem_mib_per_replica)
+                                                     for s in sec.services], self.nodes, sec.pool.name)
         self.totals = InferenceTotals()
         self.use_hist: dict[str, deque[float]] = {n.name: deque() for n in self.train_nodes}
         self.need_log: dict[str, float] = {}  # job id -> AR(1) state of its need variation
@@ -228,9 +205,9 @@ class SimInference:
             # unused, inference, idle (for the report)
             "training_used_cores": [], "training_unused_cores": [], "idle_cores": [],
         }
-        for sid in self.services:
-            self.series[f"p99_ms:{sid}"] = []
-            self.series[f"slo_ms:{sid}"] = [1000.0 * self.services[sid].slo_s]
+        for s in sec.services:
+            self.series[f"p99_ms:{s.id}"] = []
+            self.series[f"slo_ms:{s.id}"] = [1000.0 * (s.slo_p99_ms / 1e3)]
         for n in self.train_nodes:  # the same stack per GPU node: "node_cpu:LAYER:NODE"
             for layer in NODE_LAYERS:
                 self.series[f"node_cpu:{layer}:{n.name}"] = []
@@ -242,88 +219,52 @@ class SimInference:
     def _noise(self) -> float:
         return max(0.0, 1.0 + self.noise * float(self.rng.standard_normal())) if self.noise else 1.0
 
-    def inference_cores(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for s in self.services.values():
-            for r in s.replicas.values():
-                out[r.node] = out.get(r.node, 0.0) + r.cores
-        return out
+    def _limits(self, node: str) -> float:
+        return sum(x.res.cpu for x in self.cluster.state.containers_on(node))
 
-    def _training(self, node: str, contended: bool) -> float:
-        c = self.cluster
-        return sum(c.container_use(x, contended) for x in c.containers_on(node))
+    def _weights(self, s: ServiceRecord) -> tuple[list[Replica], list[float], list[float]]:
+        """The service's replicas, their cores on the latency grid, and their routing weights."""
+        reps = list(s.replicas.values())
+        cores = [max(CORE_GRID, math.floor(r.cores / CORE_GRID + 1e-9) * CORE_GRID) for r in reps]
+        return reps, cores, routing_weights(self.profile[s.id], reps, s.slo_p99_s, [round(c, 4) for c in cores])
+
+    # ------------------------------------------------------------------ joint round
+    def expect(self, decisions: Sequence[Decision]) -> None:
+        self.replicas.expect(decisions)
 
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> HarvestSnapshot:
         sec = self.sec
         usage = {}
         for n in self.train_nodes:
-            cont = self.cluster.containers_on(n.name)
-            used = self._training(n.name, True) * self._noise()
+            used = self.cluster.node_use(n.name, True) * self._noise()
             hist = self.use_hist[n.name]
-            hist.append(self._training(n.name, False) * self._noise())
+            hist.append(self.cluster.node_use(n.name, False) * self._noise())
             while len(hist) > max(1, int(round(sec.need_window_s / self.interval_s))):
                 hist.popleft()
-            limits = sum(x.res.cpu for x in cont)
-            if sec.training_need == "limits":
-                need = limits
-            else:
-                need = max(hist[-1], float(np.percentile(np.asarray(hist), sec.need_percentile)))
-            request = 0.0
-            for x in cont:
-                spec = self.cluster.jobs[x.owner].spec
-                request += (spec.worker_res if x.role.value == "worker" else spec.ps_res).cpu
-            mem = sum(x.res.mem_mib for x in cont)
-            usage[n.name] = NodeUsage(n.name, n.cores, sec.system_reserve_cores, need, request, now,
-                                      training_used=used, mem_used_mib=mem, training_limit=limits)
+            need = None if sec.training_need == "limits" else max(hist[-1], float(np.percentile(np.asarray(hist),
+                                                                                                  sec.need_percentile)))
+            usage[n.name] = self.replicas.node_usage(n, now, reserve=sec.system_reserve_cores, need=need, used=used)
         m = self.window(now)
-        services = []
-        for s in self.services.values():
-            if s.observed:
-                r1 = s.observed[-1]
-                r2 = s.observed[-2] if len(s.observed) > 1 else r1
-                pred = max(r1, r1 + (r1 - r2))
-            else:
-                pred = float(s.rates[min(m, len(s.rates) - 1)])
-            services.append(ServiceState(s.id, s.model, s.slo_s, pred, tuple(s.replicas.values()), s.last_p99, s.mem))
-        return HarvestSnapshot(now, self.nodes, usage, tuple(services), sec.pool.name)
+        first = {sid: float(r[min(m, len(r) - 1)]) for sid, r in self.rates.items()}  # before any window: the true rate
+        return self.replicas.snapshot(now, usage, first)
 
     # ------------------------------------------------------------------ actuate
     def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None:
+        """Book each decision in the shared state (which validates it) and count it. A replica
+        serves in the window it is placed in; a migration never loses a window."""
         placed = {d.service for d in decisions if isinstance(d, PlaceReplica)}
         t = self.totals
         for d in decisions:
-            if isinstance(d, PlaceReplica):
-                s = self.services.get(d.service)
-                if s is None or d.node not in self.node_by_name or d.cores <= 0:
-                    raise InvalidDecision(f"place {d}: unknown service or node, or no cores")
-                rid = f"{s.id}/r{s.next_id}"
-                s.next_id += 1
-                s.replicas[rid] = Replica(rid, d.node, d.cores, d.max_batch, d.max_wait_s)
-                self.replica_service[rid] = s.id
+            e = self.replicas.apply(d)
+            if isinstance(e, StartReplica):
                 t.placements += 1
-                continue
-            s = self.services[self.replica_service[d.replica]] if d.replica in self.replica_service else None
-            if s is None:
-                raise InvalidDecision(f"unknown replica {d.replica}")
-            r = s.replicas[d.replica]
-            if isinstance(d, ResizeReplica):
-                if d.cores <= 0:
-                    raise InvalidDecision(f"resize {d.replica} to {d.cores} cores")
-                s.replicas[r.id] = Replica(r.id, r.node, d.cores, r.max_batch, r.max_wait_s)
+            elif isinstance(e, SetReplicaQuota):
                 t.resizes += 1
-            elif isinstance(d, MigrateReplica):
-                if d.to_node not in self.node_by_name:
-                    raise InvalidDecision(f"migrate {d.replica}: unknown node {d.to_node}")
-                s.replicas[r.id] = Replica(r.id, d.to_node, r.cores, r.max_batch, r.max_wait_s)
+            elif isinstance(e, MoveReplica):
                 t.migrations += 1
-            elif isinstance(d, EvictReplica):
-                del s.replicas[r.id]
-                del self.replica_service[r.id]
-                if s.id in placed:
-                    t.evictions += 1
-            else:  # pragma: no cover
-                raise InvalidDecision(f"unknown decision {d!r}")
+            elif e.service in placed:  # a replica pushed out, replaced elsewhere this round
+                t.evictions += 1
 
     # ------------------------------------------------------------------ need variation
     def vary_need(self, now: float) -> None:
@@ -333,7 +274,7 @@ class SimInference:
             return
         sd, rho = sec.need_variation, sec.need_corr
         scales = {}
-        for jid in self.cluster.running:
+        for jid in self.cluster.state.running:
             e = self.need_log.get(jid)
             if e is None:
                 e = float(self.rng.standard_normal()) * sd
@@ -351,18 +292,14 @@ class SimInference:
         window's rate, uncontended, capped at 1), with the same capacity-weighted routing as
         :meth:`serve`."""
         out: dict[str, float] = {}
-        for s in self.services.values():
-            reps = list(s.replicas.values())
-            if not reps:
+        for s in self.replicas.services.values():
+            if not s.replicas:
                 continue
-            rate = float(s.rates[min(m, len(s.rates) - 1)])
-            cores = [max(CORE_GRID, math.floor(r.cores / CORE_GRID + 1e-9) * CORE_GRID) for r in reps]
-            caps = [capacity_per_replica(s.profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_s)
-                    for r, c in zip(reps, cores, strict=True)]
-            total = sum(caps)
-            for r, c, cap in zip(reps, cores, caps, strict=True):
-                w = cap / total if total > 0 else 1.0 / len(reps)
-                sat = max_throughput_per_s(s.profile, c, r.max_batch)
+            rates = self.rates[s.id]
+            rate = float(rates[min(m, len(rates) - 1)])
+            reps, cores, weights = self._weights(s)
+            for r, c, w in zip(reps, cores, weights, strict=True):
+                sat = max_throughput_per_s(self.profile[s.id], c, r.max_batch)
                 out[r.id] = min(1.0, rate * w / sat) if sat > 0 else 1.0
         return out
 
@@ -389,9 +326,8 @@ class SimInference:
         m = min(self.window(now), self.windows - 1)
         busy = self._busy_shares(m)
         per_node: dict[str, list[Replica]] = {}
-        for s in self.services.values():
-            for r in s.replicas.values():
-                per_node.setdefault(r.node, []).append(r)
+        for _, r in self.replicas.replicas():
+            per_node.setdefault(r.node, []).append(r)
         factors: dict[str, float] = {}
         slow: dict[str, float] = {}
         for n in self.train_nodes:
@@ -399,8 +335,8 @@ class SimInference:
             cores_inf = sum(r.cores for r in reps)
             if cores_inf <= 0:
                 continue
-            use = self._training(n.name, False)
-            weight = sum(x.res.cpu for x in self.cluster.containers_on(n.name))
+            use = self.cluster.node_use(n.name, False)
+            weight = self._limits(n.name)
             got_t, got_i = cfs_split(n.cores - sec.system_reserve_cores, use, weight, cores_inf, cores_inf)
             s_inf = cores_inf / got_i if got_i > 0 else math.inf
             k = 1.0
@@ -423,27 +359,23 @@ class SimInference:
         if m >= self.windows:
             return
         t.windows += 1
-        load = {n.name: self._training(n.name, True) / n.cores for n in self.train_nodes}
+        load = {n.name: self.cluster.node_use(n.name, True) / n.cores for n in self.train_nodes}
         busy: dict[str, float] = {}
         ok_now = 0
-        for s in self.services.values():
-            rate = float(s.rates[m])
-            reps = list(s.replicas.values())
-            cores = [max(CORE_GRID, math.floor(r.cores / CORE_GRID + 1e-9) * CORE_GRID) for r in reps]
-            caps = [capacity_per_replica(s.profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_s)
-                    for r, c in zip(reps, cores, strict=True)]
-            total = sum(caps)
-            weights = [c / total for c in caps] if total > 0 else [1.0 / len(reps)] * len(reps) if reps else []
+        for s in self.replicas.services.values():
+            rate = float(self.rates[s.id][m])
+            profile = self.profile[s.id]
+            reps, cores, weights = self._weights(s)
             miss, p99 = (1.0 if rate > 0 else 0.0), (math.inf if rate > 0 else None)
             if reps:
                 miss, worst = 0.0, 0.0
                 for r, c, w in zip(reps, cores, weights, strict=True):
                     slow = (1.0 + sec.inference_interference * load.get(r.node, 0.0)) * self.inference_slow.get(r.node, 1.0)
                     slow = min(round(slow, 3), SLOW_MAX)
-                    sat = max_throughput_per_s(s.profile, c, r.max_batch, slow)
+                    sat = max_throughput_per_s(profile, c, r.max_batch, slow)
                     rho = rate * w / sat
                     rho_q = min(int(math.ceil(rho / RHO_GRID - 1e-9)), int(RHO_MAX / RHO_GRID) + 1)
-                    p, x = _replica_latency(s.profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_s,
+                    p, x = _replica_latency(profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_p99_s,
                                             slow, rho_q)
                     miss += w * x
                     if w >= 0.005:
@@ -456,10 +388,10 @@ class SimInference:
             ok_now += int(ok)
             t.requests += rate * dt
             t.requests_ok += rate * dt * (1.0 - min(1.0, miss))
-            s.last_p99 = p99
+            s.last_p99_s = p99
             self.series[f"p99_ms:{s.id}"].append(1000.0 * p99 if p99 is not None and math.isfinite(p99) else math.nan)
-            s.observed.append(float(self.rng.poisson(rate * dt)) / dt)
-        inf = self.inference_cores()
+            s.observed_rates.append(float(self.rng.poisson(rate * dt)) / dt)
+        inf = self.replicas.cores_on()
         harvested = sum(v for k, v in inf.items() if k in self.train_names)
         pool = sum(v for k, v in inf.items() if k not in self.train_names)
         t.harvested_core_s += harvested * dt
@@ -469,17 +401,17 @@ class SimInference:
         for n in self.train_nodes:
             train = load[n.name] * n.cores
             used_sum += train
-            alloc_sum += sum(x.res.cpu for x in self.cluster.containers_on(n.name))
+            limits = self._limits(n.name)
+            alloc_sum += limits
             cores_sum += n.cores
             t.gpu_node_used_core_s += (train + busy.get(n.name, 0.0)) * dt
             t.gpu_node_core_s += n.cores * dt
-            slack = n.cores - sec.system_reserve_cores - self._training(n.name, False)
+            slack = n.cores - sec.system_reserve_cores - self.cluster.node_use(n.name, False)
             t.over_slack_core_s += max(0.0, inf.get(n.name, 0.0) - max(0.0, slack)) * dt
-            self._stack(f":{n.name}", n.cores, train, sum(x.res.cpu for x in self.cluster.containers_on(n.name)),
-                        inf.get(n.name, 0.0))
+            self._stack(f":{n.name}", n.cores, train, limits, inf.get(n.name, 0.0))
         self.series["t"].append(now)
         self.series["pool_cores"].append(pool)
-        self.series["slo_ok_pct"].append(100.0 * ok_now / max(1, len(self.services)))
+        self.series["slo_ok_pct"].append(100.0 * ok_now / max(1, len(self.replicas.services)))
         self._stack("", cores_sum, used_sum, alloc_sum, harvested)
 
     def _stack(self, suffix: str, cores: float, used: float, alloc: float, inference: float) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reamer.backends.sim import simulate
+from reamer.runtime import simulate
 from reamer.backends.sim.inference import cfs_split
 from reamer.config.scenario import parse_scenario
 from reamer.errors import InputError
@@ -115,7 +115,7 @@ def test_validation_errors():
         parse_scenario({**base, "inference": {"services": [{**svc, "rate": {"kind": "poisson"}}]}}, "t")
     with pytest.raises(InputError, match="pool.name"):
         simulate(parse_scenario({**base, "inference": {"services": [svc], "pool": {"name": "gpu"}}}, "t"), "static")
-    with pytest.raises(InputError, match="harvest policy"):
+    with pytest.raises(InputError, match="policy.harvest: expected one of"):
         simulate(parse_scenario({**base, "inference": {"services": [svc]}}, "t"), "static", harvest="bogus")
 
 

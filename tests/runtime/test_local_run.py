@@ -21,6 +21,7 @@ from reamer.backends.local.netns import list_namespaces
 from reamer.config.local import parse_local
 from reamer.models.profiles import load_profiles
 from reamer.reports.local import phases
+from reamer.runtime.local import run_scenario
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -64,7 +65,7 @@ def _left() -> tuple[list[str], list[str], list[int]]:
 
 def test_nearchus_adds_a_ps_to_a_network_bound_real_job_and_speed_rises():
     _need_local()
-    run = session.run_scenario(parse_local(SCENARIO, "test"), load_profiles(None))
+    run = run_scenario(parse_local(SCENARIO, "test"), load_profiles(None))
     ph = phases(run.result.rounds, "j1")
     assert run.result.unfinished == 0, ph
     first = ph[0]

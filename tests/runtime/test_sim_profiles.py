@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from reamer.backends.sim.run import _with_interference
+from reamer.runtime.sim import _with_interference
 from reamer.cli.main import app
 from reamer.config.scenario import load_embedded
 from reamer.models.profiles import Interference, read_profile_json

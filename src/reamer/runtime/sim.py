@@ -1,5 +1,9 @@
-"""The simulation loop: events advance the clock; each batch of events at one instant
-(and each control interval) runs one :func:`reamer.control.control_round`."""
+"""The simulated run: the event loop advances the clock over the simulator's backends; each
+batch of events at one instant (and each control interval) runs one control round —
+:func:`reamer.control.control_round`, or, when an SLO window of the inference services
+starts then, :func:`reamer.control.joint_round`: training decides, inference moves first,
+then training takes its cores, exactly as a real run's every round.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -15,13 +18,12 @@ from reamer.backends.sim.cluster import SimCluster
 from reamer.backends.sim.engine import Ev, EventQueue
 from reamer.backends.sim.inference import SimInference
 from reamer.config.scenario import Scenario
-from reamer.control import HarvestPolicy, Policy, control_round, harvest_round
+from reamer.control import HarvestPolicy, Policy, Round, control_round, joint_round
 from reamer.domain import JobState, TrainingJob
-from reamer.errors import InputError
-from reamer.models.profiles import Interference, Profiles, load_profiles
+from reamer.models.profiles import Interference, Profiles, shipped_profiles
 from reamer.models.training import Calibration
-from reamer.policies import make_policy
-from reamer.policies.harvest_baselines import HARVEST_POLICIES, make_harvest_policy
+from reamer.runtime.policies import harvest_policy, training_policy
+from reamer.runtime.rounds import RoundHook, record, thresholds_of
 from reamer.workloads import build_jobs, build_nodes
 
 
@@ -65,23 +67,27 @@ SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_all
 
 def simulate(
     sc: Scenario,
-    policy: str | Policy,
+    policy: str | Policy | None = None,
     cal: Calibration | None = None,
     progress: Callable[[int, int], None] | None = None,
     jobs: list[TrainingJob] | None = None,
     track: int = 0,
     harvest: str | HarvestPolicy | None = None,
     profiles: Profiles | None = None,
+    on_round: RoundHook | None = None,
 ) -> RunResult:
-    """Run one scenario under one policy. Deterministic for ``sc.seed``.
+    """Run one scenario under one training policy (default: its ``policy.training``).
+    Deterministic for ``sc.seed``.
 
     With an ``inference:`` section, inference services are harvested from the GPU training
-    nodes by ``harvest`` (a harvesting policy name or object; default ``reamer``), one harvest
-    round per SLO window (:mod:`reamer.backends.sim.inference`); the run's metrics gain the
-    co-location keys and its policy name becomes ``TRAINING+HARVEST`` (e.g. ``static+reamer``).
+    nodes by ``harvest`` (a harvesting policy name or object; default: the scenario's
+    ``policy.harvest``), in a joint round at the start of every SLO window
+    (:mod:`reamer.backends.sim.inference`); the run's metrics gain the co-location keys and
+    its policy name becomes ``TRAINING+HARVEST`` (e.g. ``static+reamer``).
 
     ``progress(done, total)`` is called as jobs finish; ``track`` keeps allocation timelines
-    (time, PS, workers, cores) of that many jobs (the first to arrive) for the report.
+    (time, PS, workers, cores) of that many jobs (the first to arrive) for the report;
+    ``on_round`` receives a :class:`~reamer.runtime.rounds.RoundRecord` of every round.
 
     ``profiles`` (default: the shipped calibrated profile, :func:`reamer.models.profiles.load_profiles`)
     gives the machine constants (unless ``cal`` is passed), the training models (measured ones
@@ -89,16 +95,17 @@ def simulate(
     (used where the scenario's ``inference:`` section does not set them).
     """
     wall0 = time.perf_counter()
-    prof = profiles if profiles is not None else _shipped_profiles()
+    prof = profiles if profiles is not None else shipped_profiles()
     cal = cal or prof.calibration
     sc = _with_interference(sc, prof.interference)
     ss = np.random.SeedSequence(sc.seed)
-    rng_workload, rng_noise, rng_policy = (np.random.default_rng(s) for s in ss.spawn(3))
+    rng_workload, rng_noise, _ = (np.random.default_rng(s) for s in ss.spawn(3))
     nodes = build_nodes(sc)
     if jobs is None:
         jobs = build_jobs(sc, nodes, cal, rng_workload, prof.models)
-    if isinstance(policy, str):
-        policy = make_policy(policy, sc.policy.options.get(policy), rng_policy, sc.policy.interval_s, sc.source)
+    if policy is None or isinstance(policy, str):
+        policy = training_policy(sc.policy, sc.source, policy)
+    th = thresholds_of(policy)
 
     q = EventQueue()
     cluster = SimCluster(nodes, cal, rng_noise, lambda jid, t, v: q.push(t, Ev.COMPLETION, (jid, v)),
@@ -108,8 +115,9 @@ def simulate(
     inf: SimInference | None = None
     hpolicy: HarvestPolicy | None = None
     if sc.inference is not None:
-        inf = SimInference(sc, cluster, np.random.default_rng(ss.spawn(1)[0]), profiles=dict(prof.inference))
-        hpolicy = _harvest_policy(sc, harvest, prof)
+        inf = SimInference(sc, cluster, np.random.default_rng(ss.spawn(1)[0]), profiles=prof.inference)
+        hpolicy = harvest if harvest is not None and not isinstance(harvest, str) else harvest_policy(
+            sc.policy, sc.source, prof.inference, sc.inference.interval_s, harvest)
         q.push(0.0, Ev.HARVEST)
     elif harvest is not None:
         raise ValueError("a harvesting policy needs a scenario with an inference: section")
@@ -128,7 +136,7 @@ def simulate(
         now = q.peek_time()
         if now > horizon:
             break
-        run_round = tick = harvest_now = False
+        run_round = tick = window = False
         while q and q.peek_time() == now:
             _, kind, payload = q.pop()
             if kind is Ev.ARRIVAL:
@@ -142,38 +150,44 @@ def simulate(
                     if progress:
                         progress(finished, len(jobs))
             elif kind is Ev.HARVEST:
-                harvest_now = True
+                window = True
             else:
                 tick = run_round = True
-        if run_round:
-            rnd = control_round(cluster, policy, now)
-            rounds += 1
-            _record(series, cluster, now)
-            for jid in tracked:
-                _timeline(timelines[jid], cluster, jid, now)
-            if tick:
-                idle = not cluster.running and not pending
-                if not (idle and (not cluster.queue or not rnd.decisions)):
-                    q.push(now + policy.interval_s, Ev.TICK)
-            if inf is not None:
-                inf.update_contention(now)  # training changed: re-check over-committed nodes
-        if harvest_now and inf is not None and hpolicy is not None:
-            harvest_round(inf, hpolicy, now)
+        if not (run_round or window):
+            continue
+        hrnd: Round | None = None
+        if window and inf is not None and hpolicy is not None:  # inference moves before training takes cores
+            rnd, hrnd = joint_round(cluster, policy, inf, hpolicy, now)
             harvest_rounds += 1
-            inf.vary_need(now)  # training's need for the coming window (metrics lag by one)
-            inf.update_contention(now)
-            inf.serve(now)
-            if inf.window(now) + 1 < inf.windows:
-                q.push(now + inf.interval_s, Ev.HARVEST)
+        else:
+            rnd = control_round(cluster, policy, now)
+        rounds += 1
+        if on_round is not None:
+            on_round(record(rnd, hrnd, th))
+        _record(series, cluster, now)
+        for jid in tracked:
+            _timeline(timelines[jid], cluster, jid, now)
+        if tick:
+            idle = not cluster.state.running and not pending
+            if not (idle and (not cluster.state.queue or not rnd.decisions)):
+                q.push(now + policy.interval_s, Ev.TICK)
+        if inf is not None:
+            inf.update_contention(now)  # training changed: re-check over-committed nodes
+            if hrnd is not None:
+                inf.vary_need(now)  # training's need for the coming window (metrics lag by one)
+                inf.update_contention(now)
+                inf.serve(now)
+                if inf.window(now) + 1 < inf.windows:
+                    q.push(now + inf.interval_s, Ev.HARVEST)
 
     if inf is not None:  # co-location runs last their SLO windows (or the horizon)
-        cluster._integrate(min(horizon, inf.windows * inf.interval_s))
-    cluster._integrate(max((j.finished or 0.0) for j in cluster.jobs.values()) if cluster.jobs else 0.0)
+        cluster.integrate(min(horizon, inf.windows * inf.interval_s))
+    cluster.integrate(max((j.finished_s or 0.0) for j in cluster.state.jobs.values()) if cluster.jobs else 0.0)
     records = [
-        JobRecord(j.spec.id, j.spec.model, j.spec.arrival_s, j.started, j.finished, j.queue_s,
-                  j.spec.samples if j.spec.duration_s is None else j.done, j.reconfigs)
+        JobRecord(j.rec.spec.id, j.rec.spec.model, j.rec.spec.arrival_s, j.rec.started_s, j.rec.finished_s,
+                  j.rec.queue_s, j.rec.spec.samples if j.rec.spec.duration_s is None else j.done, j.rec.reconfigs)
         for j in cluster.jobs.values()
-        if j.state is JobState.DONE
+        if j.rec.state is JobState.DONE
     ]
     unfinished = len(jobs) - len(records)
     metrics = _metrics(records, cluster, q.popped, rounds, unfinished)
@@ -188,11 +202,6 @@ def simulate(
     return RunResult(sc.name, name, sc.seed, records, unfinished, metrics, series, timelines, inf_series)
 
 
-@lru_cache(maxsize=1)
-def _shipped_profiles() -> Profiles:
-    return load_profiles()
-
-
 def _with_interference(sc: Scenario, inter: Interference | None) -> Scenario:
     """The profile's interference coefficients where the scenario's inference section leaves them unset."""
     sec = sc.inference
@@ -203,30 +212,18 @@ def _with_interference(sc: Scenario, inter: Interference | None) -> Scenario:
     return sc.model_copy(update={"inference": sec.model_copy(update=update)}) if update else sc
 
 
-def _harvest_policy(sc: Scenario, harvest: str | HarvestPolicy | None, prof: Profiles) -> HarvestPolicy:
-    assert sc.inference is not None
-    if harvest is None:
-        harvest = "reamer"
-    if not isinstance(harvest, str):
-        return harvest
-    if harvest not in HARVEST_POLICIES:
-        raise InputError(sc.source, "harvest policy", f"one of {', '.join(HARVEST_POLICIES)}", harvest)
-    return make_harvest_policy(harvest, sc.policy.options.get(harvest), sc.inference.interval_s,
-                               profiles=prof.inference, source=sc.source)
-
-
 def _record(series: dict[str, list[float]], c: SimCluster, now: float) -> None:
     series["t"].append(now)
-    series["queue"].append(len(c.queue))
-    series["running"].append(len(c.running))
+    series["queue"].append(len(c.state.queue))
+    series["running"].append(len(c.state.running))
     series["cpu_used_pct"].append(100.0 * c.cpu_used / c.cap_cpu)
     series["gpu_used_pct"].append(100.0 * c.gpu_used / c.cap_gpu if c.cap_gpu else 0.0)
-    series["cpu_alloc_pct"].append(100.0 * c.cpu_alloc / c.cap_cpu)
-    series["gpu_alloc_pct"].append(100.0 * c.gpu_alloc / c.cap_gpu if c.cap_gpu else 0.0)
+    series["cpu_alloc_pct"].append(100.0 * c.state.cpu_alloc / c.cap_cpu)
+    series["gpu_alloc_pct"].append(100.0 * c.state.gpu_alloc / c.cap_gpu if c.cap_gpu else 0.0)
 
 
 def _timeline(tl: list, c: SimCluster, jid: str, now: float) -> None:
-    j = c.jobs.get(jid)
+    j = c.state.jobs.get(jid)
     if j is None:
         return
     ps = sum(1 for x in j.containers.values() if x.role.value == "ps")

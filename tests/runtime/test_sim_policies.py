@@ -2,7 +2,7 @@
 
 import pytest
 
-from reamer.backends.sim import simulate
+from reamer.runtime import simulate
 from reamer.config.scenario import parse_scenario
 from reamer.policies import policy_names
 

@@ -1,0 +1,313 @@
+"""The training half of the shared cluster state: nodes and their free capacity, job and
+container records with their ids, and the validation of every training decision.
+
+:meth:`ClusterState.apply` checks a policy's decision against the state (it fits, CPU > 0,
+a job keeps at least one PS and one worker, the job or container exists in the right
+phase), books it, and returns the typed :data:`Effect` a backend carries out:
+
+* :class:`Launch` — start these containers of a job that was queued;
+* :class:`SetQuota` — change one running container's CPU/memory in place;
+* :class:`Reshape` — the job's PS/worker set changed (a restart with a checkpoint in PS
+  frameworks, whose cluster spec is fixed at start);
+* :class:`Stop` — the job's containers are released (preempted back to the queue, or done).
+
+A backend never books anything itself: the simulator turns effects into speeds and time
+integrals, the local backend into processes and cgroups, a Kubernetes backend into pod
+patches. What the harvesting side needs to know about training (containers, limits and
+requests by node, the CPU a round's decisions are about to take) it reads here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from reamer.domain import (
+    AddContainer,
+    ClusterSnapshot,
+    Container,
+    Decision,
+    JobState,
+    JobTelemetry,
+    JobView,
+    Node,
+    Preempt,
+    RemoveContainer,
+    Resize,
+    Resources,
+    Role,
+    StartJob,
+    TrainingJob,
+)
+from reamer.domain.decisions import InvalidDecision, Placement, check_start
+
+
+@dataclass
+class JobRecord:
+    """What the cluster knows about one job, whatever runs it."""
+
+    spec: TrainingJob
+    state: JobState = JobState.QUEUED
+    containers: dict[str, Container] = field(default_factory=dict)
+    next_id: int = 0  # the next container's number (ids are never reused)
+    queued_since: float = 0.0
+    queue_s: float = 0.0  # total time queued before each start
+    started_s: float | None = None  # first start
+    finished_s: float | None = None
+    last_change_s: float | None = None  # last time its allocation changed
+    reconfigs: int = 0  # resizes and reshapes
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def count(self, role: Role) -> int:
+        return sum(1 for c in self.containers.values() if c.role is role)
+
+    def view(self, samples_done: float, progress_s: float) -> JobView:
+        """The job as a policy sees it, with the progress a backend measured."""
+        return JobView(self.spec, self.state, tuple(self.containers.values()), samples_done, progress_s,
+                       self.started_s, self.last_change_s)
+
+
+# ----------------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start ``containers``, the whole of a queued job (gang)."""
+
+    job: str
+    containers: tuple[Container, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetQuota:
+    """``container`` (as it is now) was resized in place from ``before``."""
+
+    job: str
+    container: Container
+    before: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Reshape:
+    """The job's PS/worker set changed by ``added`` / ``removed``: restart it in its new shape."""
+
+    job: str
+    added: tuple[Container, ...] = ()
+    removed: tuple[Container, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The job's ``containers`` are released: back in the queue (``requeued``) or done."""
+
+    job: str
+    containers: tuple[Container, ...]
+    requeued: bool
+
+
+Effect = Launch | SetQuota | Reshape | Stop
+
+
+def effect_nodes(e: Effect) -> set[str]:
+    """The nodes whose containers an effect changes."""
+    if isinstance(e, SetQuota):
+        return {e.container.node}
+    if isinstance(e, Reshape):
+        return {c.node for c in (*e.added, *e.removed)}
+    return {c.node for c in e.containers}
+
+
+# ----------------------------------------------------------------------------- state
+
+
+class ClusterState:
+    """The one owner of the training side's bookkeeping. ``cpusets`` pins a node's containers
+    to machine CPUs (the local backend's hosts); containers elsewhere carry none."""
+
+    def __init__(self, nodes: Sequence[Node], cpusets: Mapping[str, tuple[int, ...] | None] | None = None) -> None:
+        self.nodes = tuple(nodes)
+        self.node_by_name = {n.name: n for n in self.nodes}
+        if len(self.node_by_name) != len(self.nodes):
+            raise ValueError("nodes: expected unique names")
+        self.cpusets = dict(cpusets or {})
+        self.free: dict[str, Resources] = {n.name: n.capacity for n in self.nodes}
+        self.jobs: dict[str, JobRecord] = {}
+        self.queue: dict[str, None] = {}  # queued jobs in arrival order (an insertion-ordered set)
+        self.running: dict[str, None] = {}
+        self.owner: dict[str, str] = {}  # container id -> job id (running jobs only)
+        # containers per node, insertion-ordered (not a set) so that sums over them are
+        # reproducible across processes whatever the string-hash seed
+        self.on_node: dict[str, dict[str, None]] = {n.name: {} for n in self.nodes}
+        self.cpu_alloc = self.gpu_alloc = 0.0  # Σ allocated over all nodes
+
+    # ------------------------------------------------------------------ events
+    def submit(self, spec: TrainingJob, now: float) -> JobRecord:
+        if spec.id in self.jobs:
+            raise InvalidDecision(f"job {spec.id} was submitted twice")
+        rec = self.jobs[spec.id] = JobRecord(spec, queued_since=now)
+        self.queue[spec.id] = None
+        return rec
+
+    def apply(self, d: Decision, now: float) -> Effect:
+        """Validate ``d``, book it and return what the backend must carry out. An invalid
+        decision raises :class:`InvalidDecision` and changes nothing."""
+        if isinstance(d, StartJob):
+            return self._start(d, now)
+        if isinstance(d, Resize):
+            return self._resize(d, now)
+        if isinstance(d, AddContainer):
+            return self._add(d, now)
+        if isinstance(d, RemoveContainer):
+            return self._remove(d, now)
+        if isinstance(d, Preempt):
+            return self._release(self._job(d.job, JobState.RUNNING), now, requeue=True)
+        raise InvalidDecision(f"unknown decision {d!r}")
+
+    def finish(self, jid: str, now: float) -> Stop:
+        """A running job completed: its containers are released."""
+        return self._release(self._job(jid, JobState.RUNNING), now, requeue=False)
+
+    def mark_changed(self, jid: str, at: float) -> None:
+        """The job's change took effect at ``at`` (after a restart, later than decided)."""
+        self.jobs[jid].last_change_s = at
+
+    # ------------------------------------------------------------------ reads
+    def container(self, cid: str) -> Container:
+        return self.jobs[self.owner[cid]].containers[cid]
+
+    def containers_on(self, node: str) -> list[Container]:
+        """The training containers on ``node``, in placement order."""
+        return [self.jobs[self.owner[cid]].containers[cid] for cid in self.on_node[node]]
+
+    def requested_cpu(self, c: Container) -> float:
+        """The CPU the job's user requested for a container of ``c``'s role (what a
+        Kubernetes scheduler books)."""
+        spec = self.jobs[c.owner].spec
+        return (spec.worker_res if c.role is Role.WORKER else spec.ps_res).cpu
+
+    def growth(self, decisions: Iterable[Decision]) -> dict[str, float]:
+        """CPU per node that ``decisions`` add once applied: what training is about to take.
+        CPU they release counts only once it is freed."""
+        grow: dict[str, float] = {}
+        for d in decisions:
+            if isinstance(d, StartJob):
+                for p in d.placements:
+                    grow[p.node] = grow.get(p.node, 0.0) + p.res.cpu
+            elif isinstance(d, AddContainer):
+                grow[d.placement.node] = grow.get(d.placement.node, 0.0) + d.placement.res.cpu
+            elif isinstance(d, Resize) and d.container in self.owner:
+                c = self.container(d.container)
+                grow[c.node] = grow.get(c.node, 0.0) + max(0.0, d.res.cpu - c.res.cpu)
+        return grow
+
+    def snapshot(self, now: float, queue: Sequence[JobView], running: Sequence[JobView],
+                 telemetry: Mapping[str, JobTelemetry]) -> ClusterSnapshot:
+        return ClusterSnapshot(now, self.nodes, MappingProxyType(dict(self.free)), tuple(queue), tuple(running),
+                               MappingProxyType(dict(telemetry)))
+
+    # ------------------------------------------------------------------ booking
+    def _job(self, jid: str, state: JobState) -> JobRecord:
+        j = self.jobs.get(jid)
+        if j is None or j.state is not state:
+            raise InvalidDecision(f"job {jid} is not {state.value}")
+        return j
+
+    def _running_container(self, cid: str) -> tuple[JobRecord, Container]:
+        jid = self.owner.get(cid)
+        if jid is None:
+            raise InvalidDecision(f"unknown container {cid}")
+        j = self.jobs[jid]
+        return j, j.containers[cid]
+
+    def _check_placement(self, p: Placement) -> None:
+        if p.node not in self.free:
+            raise InvalidDecision(f"unknown node {p.node}")
+        if p.res.cpu <= 0:
+            raise InvalidDecision(f"a container on {p.node} needs CPU > 0, got {p.res.cpu}")
+
+    def _place(self, j: JobRecord, p: Placement) -> Container:
+        self.free[p.node] = self.free[p.node] - p.res
+        self.cpu_alloc += p.res.cpu
+        self.gpu_alloc += p.res.gpu
+        cid = f"{j.spec.id}/{p.role.value}{j.next_id}"
+        j.next_id += 1
+        c = Container(cid, j.spec.id, p.role, p.node, p.res, self.cpusets.get(p.node))
+        j.containers[cid] = c
+        self.owner[cid] = j.spec.id
+        self.on_node[p.node][cid] = None
+        return c
+
+    def _unplace(self, c: Container) -> None:
+        self.free[c.node] = self.free[c.node] + c.res
+        self.cpu_alloc -= c.res.cpu
+        self.gpu_alloc -= c.res.gpu
+        self.on_node[c.node].pop(c.id, None)
+        del self.owner[c.id]
+
+    def _changed(self, j: JobRecord, now: float) -> None:
+        j.last_change_s = now
+        j.reconfigs += 1
+
+    def _start(self, d: StartJob, now: float) -> Launch:
+        j = self._job(d.job, JobState.QUEUED)
+        for p in d.placements:
+            self._check_placement(p)
+        check_start(d, self.free)
+        containers = tuple(self._place(j, p) for p in d.placements)
+        del self.queue[d.job]
+        self.running[d.job] = None
+        j.state = JobState.RUNNING
+        j.queue_s += now - j.queued_since
+        if j.started_s is None:
+            j.started_s = now
+        j.last_change_s = now
+        return Launch(j.spec.id, containers)
+
+    def _resize(self, d: Resize, now: float) -> SetQuota:
+        j, c = self._running_container(d.container)
+        free = self.free[c.node] + c.res
+        if not d.res.fits_in(free) or d.res.cpu <= 0:
+            raise InvalidDecision(f"resize {c.id} to {d.res}: does not fit on {c.node}")
+        self._changed(j, now)
+        self.free[c.node] = free - d.res
+        self.cpu_alloc += d.res.cpu - c.res.cpu
+        self.gpu_alloc += d.res.gpu - c.res.gpu
+        new = j.containers[c.id] = Container(c.id, c.owner, c.role, c.node, d.res, c.cpuset)
+        return SetQuota(j.spec.id, new, c.res)
+
+    def _add(self, d: AddContainer, now: float) -> Reshape:
+        j = self._job(d.job, JobState.RUNNING)
+        p = d.placement
+        self._check_placement(p)
+        if not p.res.fits_in(self.free[p.node]):
+            raise InvalidDecision(f"{p.res} does not fit on {p.node} (free {self.free[p.node]})")
+        self._changed(j, now)
+        return Reshape(j.spec.id, added=(self._place(j, p),))
+
+    def _remove(self, d: RemoveContainer, now: float) -> Reshape:
+        j, c = self._running_container(d.container)
+        if j.count(c.role) <= 1:
+            raise InvalidDecision(f"remove {c.id}: a job keeps at least one {c.role.value}")
+        self._changed(j, now)
+        self._unplace(c)
+        del j.containers[c.id]
+        return Reshape(j.spec.id, removed=(c,))
+
+    def _release(self, j: JobRecord, now: float, requeue: bool) -> Stop:
+        released = tuple(j.containers.values())
+        for c in released:
+            self._unplace(c)
+        j.containers = {}
+        del self.running[j.spec.id]
+        if requeue:
+            j.state = JobState.QUEUED
+            j.queued_since = now
+            self.queue[j.spec.id] = None
+        else:
+            j.state = JobState.DONE
+            j.finished_s = now
+        return Stop(j.spec.id, released, requeue)

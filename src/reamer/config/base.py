@@ -1,0 +1,61 @@
+"""What every configuration model shares: strict frozen models, the number types, one way to
+turn a validation error into a one-line :class:`~reamer.errors.InputError`, the YAML reader,
+and the ``policy:`` section (which policies run, and their settings) of a simulated and a
+local scenario alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reamer.errors import InputError
+
+Pos = Annotated[float, Field(gt=0)]
+NonNeg = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+M = TypeVar("M", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors; a loaded model is immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicySection(Strict):
+    """``policy:`` — the training policy, the harvesting policy of the inference services, and
+    per-policy settings by name (each validated by that policy's config model)."""
+
+    training: str = "static"
+    harvest: str | None = "reamer"  # None: no harvesting (inference services get no replicas from a policy)
+    interval_s: Pos = 60.0  # control interval of the policies that use telemetry
+    telemetry_noise_pct: NonNeg = 3.0  # simulator only: std-dev of multiplicative measurement noise
+    options: dict[str, dict[str, Any]] = {}
+
+
+def validate(model: type[M], data: Any, source: str) -> M:
+    """``data`` as ``model``, or an InputError naming ``source``, the field and what was expected."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        got = err.get("input") if err["type"] != "missing" else None
+        if isinstance(got, dict | list):
+            got = None
+        raise InputError(source, f"field {where}", err["msg"].lower(), got) from None
+
+
+def read_yaml(p: Path, expected: str) -> Any:
+    """The parsed YAML file ``p``; a missing file or bad YAML is a one-line InputError."""
+    if not p.is_file():
+        raise InputError(str(p), "file", expected)
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        raise InputError(str(p), where, f"valid YAML ({getattr(e, 'problem', e)})") from None
