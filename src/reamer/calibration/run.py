@@ -11,6 +11,7 @@ base profile's values are kept (the ``source`` says so).
 from __future__ import annotations
 
 import copy
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from reamer.calibration.worker import open_cgroups
 from reamer.errors import InputError
 from reamer.models.profiles import FORMAT, parse_profiles, read_profile_json
 
+log = logging.getLogger(__name__)
 PARTS = ("training", "models", "inference", "interference")
 BACKGROUND_WARN = 0.1  # cores of other processes' CPU use that contaminate a measurement
 
@@ -90,7 +92,6 @@ def calibrate(
     base: str | Path | None = None,
     on_start: Callable[[int], None] = lambda total: None,
     tick: Callable[[str], None] = lambda desc: None,
-    log: Callable[[str], None] = print,
 ) -> dict:
     """Measure ``parts`` and return the profile document (validated; not written anywhere)."""
     inference_models = list(inference_models) if inference_models is not None else real_models()
@@ -107,7 +108,7 @@ def calibrate(
         tag = f"reamer calibrate{' --quick' if quick else ''} on {m['cpu']}, {nproc} cores, {m['date']}"
         carried = [p for p in PARTS if p not in parts and doc.get(p)]
         if carried and base_doc.get("machine", {}).get("cpu") != m["cpu"]:
-            log(f"note: {', '.join(carried)} carried over from {base_source}, measured on another CPU")
+            log.warning(f"{', '.join(carried)} carried over from {base_source}, measured on another CPU")
         doc["format"] = FORMAT
         doc["machine"] = m
 
@@ -118,7 +119,7 @@ def calibrate(
 
         def done(part: str) -> None:
             now = time.perf_counter()
-            log(f"{part}: {now - t_part[0]:.0f} s")
+            log.info(f"{part}: {now - t_part[0]:.0f} s")
             t_part[0] = now
 
         if "training" in parts:
@@ -135,20 +136,20 @@ def calibrate(
             else:
                 k = doc["training"]["oversub_penalty"]
                 source += f"; oversub_penalty from {base_source} (not measured: {reason})"
-                log(f"skipped the CPU-quota measurement: {reason}")
+                log.warning(f"skipped the CPU-quota measurement: {reason}")
             diag["background_load_cores"] = round(meter.cores(), 3)
             doc["training"] = {"core_gflops": round(ref["core_gflops"], 4),
                                "parallel_fraction": round(ref["parallel_fraction"], 4),
                                "oversub_penalty": round(k, 4), "ps_update_ns_per_byte": round(ps, 5),
                                "source": source, "diagnostics": diag}  # fmt: skip
-            _warn(log, "training", diag["background_load_cores"])
+            _warn("training", diag["background_load_cores"])
             done("training")
 
         if "models" in parts:
             meter = LoadMeter()
             found = training.measure_models(real_models(), nproc, s.model_seconds, s.model_rounds,
                                             step("models: samples/s vs cores"), s.retry_s)  # fmt: skip
-            _warn(log, "models", meter.cores())
+            _warn("models", meter.cores())
             source = f"{tag}, torch {m['torch']}; params and FLOPs counted"
             doc["models"] = {**doc.get("models", {}), **{n: {**e, "source": source} for n, e in found.items()}}
             done("models")
@@ -164,28 +165,28 @@ def calibrate(
                                                        s.retry_s),
                                      "source": source}  # fmt: skip
                     if entries[name]["contended"]:
-                        log(f"inference {name}: {len(entries[name]['contended'])} points disturbed by other processes")
+                        log.warning(f"inference {name}: {len(entries[name]['contended'])} points disturbed by other processes")
                     if ex is not None and name in real_models():  # the serving path, through the real server
                         entries[name].update(serving.measure(ex, name, entries[name], nproc, 60 if quick else 300,
                                                              Path(tmp), step(f"serving: {name}"),
                                                              load_s=5.0 if quick else 20.0))
                     elif name in real_models():
-                        log(f"skipped the serving-path measurement of {name}: {reason}")
-            _warn(log, "inference", meter.cores())
+                        log.warning(f"skipped the serving-path measurement of {name}: {reason}")
+            _warn("inference", meter.cores())
             doc["inference"] = {**doc.get("inference", {}), **entries}
             done("inference")
 
         if "interference" in parts:
             why = reason if ex is None else (f"needs 2 CPUs, have {nproc}" if nproc < 2 else "")
             if why:
-                log(f"skipped the interference measurement: {why}")
+                log.warning(f"skipped the interference measurement: {why}")
                 if doc.get("interference"):
                     doc["interference"]["source"] += f"; not re-measured by {tag} ({why})"
             else:
                 meter = LoadMeter()
                 found = interference.measure(ex, nproc, s.inter_window_s, s.inter_rounds, step("interference"))
                 found["diagnostics"]["background_load_cores"] = round(meter.cores(), 3)
-                _warn(log, "interference", found["diagnostics"]["background_load_cores"])
+                _warn("interference", found["diagnostics"]["background_load_cores"])
                 doc["interference"] = {**found, "source": f"{tag}, torch {m['torch']}, onnxruntime {m['onnxruntime']}"}
                 done("interference")
         parse_profiles(doc, "the measured profile")  # never hand out a profile the loader rejects
@@ -195,9 +196,9 @@ def calibrate(
             ex.sweep()  # its prefix directories too: nothing of calibration's is left behind
 
 
-def _warn(log: Callable[[str], None], part: str, load: float) -> None:
+def _warn(part: str, load: float) -> None:
     if load > BACKGROUND_WARN:
-        log(f"warning: other processes used {load:.2f} cores during the {part} measurement; its numbers are contaminated")
+        log.warning(f"other processes used {load:.2f} cores during the {part} measurement; its numbers are contaminated")
 
 
 def dumps(doc: dict) -> str:

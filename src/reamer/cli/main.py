@@ -15,6 +15,7 @@ from rich.table import Table
 
 from reamer.config.scenario import Scenario, load_embedded, load_scenario
 from reamer.errors import InputError
+from reamer.logs import configure
 from reamer.models.profiles import Profiles, load_profiles
 from reamer.policies import policy_names
 from reamer.reports.html import write_report
@@ -40,6 +41,17 @@ TABLE_KEYS = [("jobs", "jobs", "{:.0f}"), ("mean_jct_s", "mean JCT (h)", "h"), (
 COLO_KEYS = [("slo_attainment_pct", "SLO met % (service-min)"), ("training_slowdown_pct", "training slowdown %"),
              ("harvested_share_pct", "harvested %"), ("dedicated_node_hours", "pool node-h"),
              ("migrations", "migrations"), ("evictions", "evictions"), ("gpu_node_cpu_util_pct", "GPU-node CPU %")]
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@app.callback()
+def main(log_level: Annotated[str, typer.Option(help=f"Diagnostics on stderr from this level: {', '.join(LOG_LEVELS)}")]
+         = "warning") -> None:
+    if log_level.lower() not in LOG_LEVELS:
+        _fail(InputError("--log-level", "value", f"one of {', '.join(LOG_LEVELS)}", log_level))
+    configure(log_level.lower())
 
 
 def _fail(err: InputError) -> None:
@@ -231,7 +243,7 @@ def calibrate(
         doc = run_calibration(
             quick=quick, parts=part_list, inference_models=names,
             base=base, on_start=lambda n: bar.update(task, total=n),
-            tick=lambda desc: bar.update(task, advance=1, description=desc), log=bar.console.print,
+            tick=lambda desc: bar.update(task, advance=1, description=desc),
         )  # fmt: skip
     _out().print(_calibration_table(doc))
     if json_out:

@@ -5,6 +5,7 @@ job is done (and the load has played out) or ``max_s``."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from reamer.domain.inference import PlaceReplica
 from reamer.models.profiles import Profiles
 from reamer.runtime.policies import harvest_policy, training_policy
 from reamer.runtime.rounds import RoundHook, RoundRecord, record, thresholds_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +68,8 @@ def run_local(
             rnd, h = joint_round(cluster, policy, harvest[0], harvest[1], now)
         rec = record(rnd, h, th)
         res.rounds.append(rec)
+        for d in rec.decisions:
+            log.info("decided %s", d, extra={"t": round(now, 3)})
         if on_round is not None:
             on_round(rec)
         if (done() if done is not None else cluster.finished) or now - start >= max_s:

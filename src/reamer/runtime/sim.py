@@ -7,6 +7,7 @@ then training takes its cores, exactly as a real run's every round.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from reamer.models.training import Calibration
 from reamer.runtime.policies import harvest_policy, training_policy
 from reamer.runtime.rounds import RoundHook, record, thresholds_of
 from reamer.workloads import build_jobs, build_nodes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +202,8 @@ def simulate(
         name = f"{policy.name}+{hpolicy.name}"
         inf_series = inf.series
     metrics["wall_s"] = time.perf_counter() - wall0
+    log.info("simulated %s under %s", sc.name, name, extra={"seed": sc.seed, "jobs": len(records),
+                                                           "unfinished": unfinished, "wall_s": round(metrics["wall_s"], 3)})
     return RunResult(sc.name, name, sc.seed, records, unfinished, metrics, series, timelines, inf_series)
 
 

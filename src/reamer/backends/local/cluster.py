@@ -39,17 +39,8 @@ from reamer.backends.local.cgroups import CgroupExecutor, CpuStats
 from reamer.backends.local.netns import Testbed
 from reamer.backends.local.procs import Proc, workload_env
 from reamer.backends.state import ClusterState, Effect, JobRecord, Launch, Reshape, SetQuota
-from reamer.domain import (
-    ClusterSnapshot,
-    Container,
-    ContainerTelemetry,
-    Decision,
-    JobState,
-    JobTelemetry,
-    Node,
-    Role,
-    TrainingJob,
-)
+from reamer.domain import ClusterSnapshot, Container, ContainerTelemetry, Decision, JobState, JobTelemetry
+from reamer.domain import Node, Role, TrainingJob
 
 PS_MODULE = "reamer.workloads.real.ps_training"
 log = logging.getLogger(__name__)

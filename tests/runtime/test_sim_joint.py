@@ -1,0 +1,103 @@
+"""The joint loop in the simulator: at the start of an SLO window training and inference decide
+in one :func:`reamer.control.joint_round`, and inference moves before training takes the
+cores it decided to take — exactly as in a real run. A hand-built case: one GPU node, one
+compute-bound job whose worker grows from 4 to 12 cores, one replica on the node's slack."""
+
+from __future__ import annotations
+
+import pytest
+
+from reamer.backends.sim import SimCluster, SimInference
+from reamer.config.scenario import parse_scenario
+from reamer.domain import Resize, Resources, Role, TrainingJob
+from reamer.policies.static import Static
+from reamer.runtime import simulate
+
+SC = parse_scenario({
+    "name": "joint", "seed": 1, "horizon_s": 300,
+    "cluster": {"node_pools": [{"name": "g", "count": 1, "cores": 16, "mem_gib": 64, "gpus": 1,
+                                "gpu_model": "V100M32"}]},
+    "policy": {"interval_s": 30, "telemetry_noise_pct": 0},
+    "inference": {"services": [{"id": "svc", "model": "resnet50", "slo_p99_ms": 300, "peak_rate_per_s": 20,
+                                "rate": {"kind": "diurnal", "trough_frac": 1.0, "noise": 0.0}}],
+                  "pool": {"count": 1, "cores": 16, "mem_gib": 64}, "training_need": "limits"},
+}, "test")
+JOBS = [TrainingJob("j", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 4096), Resources(4, 8192))]
+
+
+class GrowAt:
+    """``static`` placement, and at ``at`` the job's worker grows to ``cores`` (as NEARCHUS
+    upscales a compute-bound job), in the round of that instant."""
+
+    name = "grow-at"
+    interval_s = 30.0
+
+    def __init__(self, at: float, cores: float) -> None:
+        self.at, self.cores, self.static, self.done = at, cores, Static(), False
+
+    def decide(self, snap):
+        out = list(self.static.decide(snap))
+        if not self.done and snap.now >= self.at and snap.running:
+            w = snap.running[0].of_role(Role.WORKER)[0]
+            out.append(Resize(w.id, Resources(self.cores, w.res.mem_mib)))
+            self.done = True
+        return out
+
+
+def _run(at: float, monkeypatch) -> tuple[dict, list, list]:
+    log: list[tuple[float, str, tuple]] = []
+    for cls, side in ((SimCluster, "training"), (SimInference, "inference")):
+        real = cls.actuate
+
+        def actuate(self, decisions, now, real=real, side=side):
+            if decisions:
+                log.append((now, side, tuple(type(d).__name__ for d in decisions)))
+            return real(self, decisions, now)
+
+        monkeypatch.setattr(cls, "actuate", actuate)
+    rounds: list = []
+    r = simulate(SC, GrowAt(at, 12.0), jobs=JOBS, harvest="reamer", on_round=rounds.append)
+    return r.metrics, log, rounds
+
+
+def test_inference_moves_in_the_same_round_before_training_takes_its_cores(monkeypatch):
+    m, log, rounds = _run(120.0, monkeypatch)  # 120 s: an SLO window starts, a joint round
+    at = [e for e in log if e[0] == 120.0]
+    assert at == [(120.0, "inference", ("MigrateReplica",)), (120.0, "training", ("Resize",))]
+    joint = next(r for r in rounds if r.t == 120.0)
+    assert joint.inference["svc"]["replicas"] == [("g-0000", 4.0)]  # where it was when training decided
+    assert any(d.startswith("MigrateReplica") and "inference-0000" in d for d in joint.decisions)
+    assert m["migrations"] == 1 and m["evictions"] == 0
+    assert m["training_slowdown_pct"] == 0.0  # training never waited for the cores it took
+    assert m["slo_attainment_pct"] == 100.0
+
+
+def test_a_growth_between_windows_finds_the_replica_still_there(monkeypatch):
+    """The contrast: training grows at 90 s, between SLO windows, in a training-only round;
+    the replica moves only at the next window, and training runs contended meanwhile."""
+    m, log, _ = _run(90.0, monkeypatch)
+    assert (90.0, "training", ("Resize",)) in log
+    assert (120.0, "inference", ("MigrateReplica",)) in log
+    assert m["training_slowdown_pct"] > 0.1
+
+
+def test_the_joint_round_counts_the_growth_in_what_the_harvest_policy_sees():
+    """The policy's view of the node in the joint round already holds the cores training decided
+    to take (its limits and need grow by 8), so its guard moves the replica."""
+    seen = []
+
+    class Spy:
+        name, interval_s = "spy", 60.0
+
+        def __init__(self):
+            from reamer.policies import make_policy
+
+            self.inner = make_policy("reamer", kind="harvest", interval_s=60.0)
+
+        def decide(self, snap):
+            seen.append((snap.now, snap.usage["g-0000"].training_limit))
+            return self.inner.decide(snap)
+
+    simulate(SC, GrowAt(120.0, 12.0), jobs=JOBS, harvest=Spy())
+    limits = dict(seen)
+    assert limits[60.0] == pytest.approx(5.0) and limits[120.0] == pytest.approx(13.0)
