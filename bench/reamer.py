@@ -1,4 +1,4 @@
-"""Cloud Reamer in the simulator: inference on the spare CPU of GPU training nodes (issue 4).
+"""Cloud Reamer in the simulator: inference on the spare CPU of GPU training nodes.
 
     python bench/reamer.py --json bench-reamer.json [--quick] [--seeds 1 2 3] [--workers N]
 
@@ -20,10 +20,10 @@ MobileNet-v2, BERT-base, VGG-16, DeepSpeech2-style) on seeded diurnal rates whos
 as sized by the policies, ``peak_load`` × the GPU-node cores left unrequested at 70 % packing
 (the same seed), split evenly. A dedicated CPU pool takes what is not harvested. Training need
 drifts: every job's input-pipeline cost per sample is scaled each minute by a log-normal AR(1)
-factor (``--need-variation``, default 0.3, corr 0.9; an assumption until the local backend
-measures real pipelines), so policies face a need that moves between their measurements. CPU
-contention on a node is split by cpu.shares (:func:`reamer.backends.sim.inference.cfs_split`):
-both training and inference can slow.
+factor (``--need-variation``, default 0.3, corr 0.9; an assumption: a real pipeline's need is
+measured by ``bench/experiments/gpu_input_pipeline.py``), so policies face a need that moves
+between their measurements. CPU contention on a node is split by cpu.shares
+(:func:`reamer.backends.sim.inference.cfs_split`): both training and inference can slow.
 
 Policies (training + harvesting): ``dedicated``, ``naive``, ``usage-reclaim``, ``reamer`` on
 ``static`` training, and ``nearchus+reamer`` (NEARCHUS allocates training's CPU; Reamer's slack

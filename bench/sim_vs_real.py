@@ -16,27 +16,28 @@ next run's before; each trial uses the mean of its two): this VM's speed drifts 
 percent over minutes (the same ONNX Runtime call took 4.6-7.6 ms within 30 s here). A trial
 whose two calibrations differ by more than ``--max-drift`` (15%), or during which the
 hypervisor stole more than ``--max-steal-pct`` of a CPU, is not a valid comparison. Each
-trial is simulated with its own calibrations and restart time; the verdict compares the
-mean over the valid trials of each real value with the mean of the simulated one: the same
+trial is simulated with its own calibrations and restart time; the verdict compares the mean
+over the valid trials of each real value with the mean of the simulated one: the same
 replica alone at the same load ranged 33.7-42.6 ms between 45 s windows here
-(``bench/apparatus.py``), and single trials missed 15% on p99 in 4 of 17 valid attempts
-(``bench/resimulate_p99.py``), so one run cannot resolve 15%. Every trial's own figures,
-valid or not, are in the output's ``trials``. ``--replica-cpus`` / ``--apparatus-cpus`` keep the measuring apparatus
-(controller, load generator) off the replica's CPU; ``--exclusive-replica-cpus`` keeps the
-training containers off it too, so that the replica shares its host with training as the
-interference calibration measured it (training on the other core): by default the worker's
-compute bursts also land on the replica's CPU and take half of it while they last, which
-the simulator's one mean slowdown factor does not represent.
+(``bench/experiments/apparatus.py``), and single valid trials missed 15% on p99 in about a
+quarter of cases: one run cannot resolve 15%, so the verdict is the mean of 3. Every trial's
+own figures, valid or not, are in the output's ``trials``. ``--replica-cpus`` /
+``--apparatus-cpus`` keep the measuring apparatus (controller, load generator) off the
+replica's CPU; ``--exclusive-replica-cpus`` keeps the training containers off it too, so
+that the replica shares its host with training as the interference calibration measured it
+(training on the other core): by default the worker's compute bursts also land on the
+replica's CPU and take half of it while they last, which the simulator's one mean slowdown
+factor does not represent.
 
-Simulated side: :func:`reamer.backends.sim.simulate` with the scenario's hosts as nodes
-(link limit = NIC), the job, the measured restart time of the real run, and a recorder
-around the policy; the replica by :func:`reamer.models.inference.simulate_replica`
+Simulated side: :func:`reamer.runtime.simulate` with the scenario's hosts as nodes (link
+limit = NIC), the job, the measured restart time of the real run, and a round hook that
+keeps every round's record; the replica by :func:`reamer.models.inference.simulate_replica`
 (request level, the calibrated service time, slowed by the profile's interference
-coefficient × the simulated training CPU use on its node) fed the very arrival times the real
-load generator sent (``loadgen.schedule_of`` of its options: same trace, same seed), as the
-serving path was fitted on the calibrations' own schedules: a p99 of a few thousand requests
-depends on the sample's bursts (the simulator's own Poisson sample gave a p99 4-16 % lower in
-runs 20-38, every time, since both sides' seeds were fixed).
+coefficient × the simulated training CPU use on its node) fed the very arrival times the
+real load generator sent (``loadgen.schedule_of`` of its options: same trace, same seed), as
+the serving path was fitted on the calibrations' own schedules: a p99 of a few thousand
+requests depends on the sample's bursts (a separate Poisson sample of the same rates, both
+seeds fixed, gives a p99 4-16 % lower, the same way every time).
 
 Beside them, what the replica measured itself (:func:`server_side`): the model's time per
 batch in the run against the calibrations' fit, and the latency inside the server against the
@@ -301,7 +302,7 @@ def compare(sc: LocalScenario, prof: Profiles, a: argparse.Namespace, host: str,
         coef = prof.interference.inference if prof.interference is not None else 0.0
         slow = 1.0 + coef * statistics.fmean(node_cpu) / node.cores
         # the very arrival times the real load generator sent (same options, same seed): the p99 of
-        # ~8,000 requests moves by 4-16 % between Poisson samples (docs/results.md, runs 20-38)
+        # ~8,000 requests moves by 4-16 % between Poisson samples (docs/results.md)
         arr = np.asarray(schedule_of(load_schedule_args(next(x for x in local_services(sc) if x.id == svc.id), sc.seed)))
         lat = simulate_replica(arr, prof.inference[svc.model], a.replica_cores, a.max_batch, a.max_wait_ms / 1e3, slow)
         sim_p99 = float(np.percentile(lat, 99)) * 1e3
@@ -385,7 +386,8 @@ def main() -> int:
                     help="a trial during which the hypervisor took more than this share of any CPU's time "
                          "(/proc/stat steal) is not a valid comparison: p99 is the slowest 1%% of requests, and about "
                          "this share of all requests arrive into a stall, so it must stay well below 1%% (a tenth of it: "
-                         "run 21 measured 56 ms where one 10 s window with 6%% steal, 0.4%% over the attempt, had 122 ms)")
+                         "one 10 s window with 6%% steal had a p99 of 122 ms and set the run's to 56 ms against a "
+                         "simulated 34 ms, while the run's steal averaged 0.4%%)")
     ap.add_argument("--trials", type=int, default=3,
                     help="valid trials to average (the same replica alone at the same load ranged 33.7-42.6 ms "
                          "between 45 s windows on this VM: one run cannot resolve 15%%)")

@@ -1,4 +1,4 @@
-"""Framework-default vs container-aware threads under real CFS CPU quotas (issue 5, must-show 1).
+"""Framework-default vs container-aware threads under real CFS CPU quotas.
 
 For each quota (0.5, 1.0, 1.5 cores) and workload
 

@@ -1,7 +1,7 @@
 """Does training on the load generator's CPU change the p99 it measures? The measuring
 apparatus, not the system under test.
 
-    python bench/apparatus.py --json OUT [--rounds 2] [--duration 45] [--rate 60]
+    python bench/experiments/apparatus.py --json OUT [--rounds 2] [--duration 45] [--rate 60]
 
 The real inference server (``--model``, 1-core quota, pinned to the last CPU, dynamic
 batching as deployed) under open-loop Poisson load from the load generator as deployed (its

@@ -1,8 +1,7 @@
 """Measure, on a real GPU node, the CPU a GPU training job's input pipeline needs per GPU,
-and how that need varies over time (issue 4: "each GPU job's real need, CPU input pipeline
-per GPU, varying over time").
+and how that need varies over time.
 
-    python bench/gpu_input_pipeline.py --json OUT [--quick]
+    python bench/experiments/gpu_input_pipeline.py --json OUT [--quick]
 
 Needs a CUDA GPU, torchvision and Pillow (it skips with a one-line reason otherwise).
 

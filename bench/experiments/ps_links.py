@@ -1,7 +1,7 @@
 """A PS job over tc-limited links, 1 and 2 PS shards, with two link queues side by side:
 does the testbed's link behave like the speed model's (a NIC of the given rate)?
 
-    python bench/ps_links.py --json OUT [--mbit 5] [--steps 60] [--rounds 2]
+    python bench/experiments/ps_links.py --json OUT [--mbit 5] [--steps 60] [--rounds 2]
 
 Real processes and TCP (``reamer.workloads.real.ps_training``, ``resnet_narrow``, batch 32,
 one thread each) on three testbed hosts: the worker on an unlimited link, each PS shard on a
@@ -9,8 +9,8 @@ host whose link is limited to ``--mbit`` (``Testbed.set_bandwidth``). Two queues
 limited links:
 
 * ``nic``  — ``netns.QUEUE_BYTES`` (a NIC's default qdisc: 1000 full-size frames), the default;
-* ``50ms`` — 50 ms of traffic plus the bucket (31,250 + 16,384 bytes at 5 Mbit/s), the
-  testbed's queue before 2026-11-30.
+* ``50ms`` — 50 ms of traffic plus the bucket (31,250 + 16,384 bytes at 5 Mbit/s), a
+  queue sized by time, for comparison.
 
 A worker's push reaches a PS host's link at veth speed, so the switch-side queue takes the
 whole burst. Per (queue, shards, round): the worker's own telemetry (samples/s, network and

@@ -1,4 +1,4 @@
-"""Real workloads (issue 5): PS training over TCP, the ONNX Runtime server, the load generator.
+"""Real workloads: PS training over TCP, the ONNX Runtime server, the load generator.
 
 The process tests start real processes on 127.0.0.1 with one thread each (the machine is
 shared) and always terminate them in ``finally``; each checks that no child is left.

@@ -16,10 +16,10 @@ measured p99 at both rates (the quantile every SLO here judges; the p50 is predi
 reported beside the measured one), fed the very arrival times the load generator sent
 (``load_args`` per load, replayed with ``loadgen.schedule_of``): a p99 of 1-6 thousand
 requests depends on the sample's bursts, and a fit on another sample absorbs the
-difference. A fit to p50 and p99 together had to split the error: the real path's tail is
-heavier than one constant delay gives (p99/p50 3-4 at 0.3 of capacity), and it
-under-predicted the p99 at the run's rate by 6-16 % in sim_vs_real runs 12-13, where the p99
-fit was within 1-2 %:
+difference. A fit to p50 and p99 together has to split the error: the real path's tail is
+heavier than one constant delay gives (p99/p50 3-4 at 0.3 of capacity), and such a fit
+under-predicts the p99 at a local run's rate by 6-16 %, where the p99 fit comes within
+1-2 % (``bench/sim_vs_real.py``, docs/results.md):
 
 * ``request_ms``, ``delay_ms`` = the fit (its error in ``serving.fit_rms_err_pct``).
 
@@ -49,9 +49,9 @@ from reamer.backends.local.inference import LOAD_CPU_WEIGHT, LOAD_MAX_INFLIGHT, 
 from reamer.backends.local.procs import Proc
 
 LOADS = (0.3, 0.6)  # open-loop rates, × the one-at-a-time capacity (1 / server CPU per request)
-# The Python load generator (with the router it used then) kept up with about 400 requests/s on one core here
-# (p99 ~1 s at 700/s for a 1 ms model: the apparatus, not the server, was measured); rates
-# are capped well below that.
+# The Python load generator, measured through a proxy, keeps up with about 400 requests/s on
+# one core here (p99 ~1 s at 700/s for a 1 ms model: the apparatus, not the server, is
+# measured); rates are capped well below that.
 MAX_RATE = 200.0
 
 

@@ -47,8 +47,8 @@ class Cluster(Strict):
     nic_gbps: Pos = 10.0  # assumption: openb lists no NICs; 10 GbE default
     overrides: list[NodeOverride] = []
     # A job pauses this long when its PS/worker set changes (checkpoint + restart of PS
-    # training); resizing a container's CPU is live. Assumption until the local backend
-    # measures it (docs/nearchus.md shows results with 0 and 30 s).
+    # training); resizing a container's CPU is live. An assumption for the zoo's large models
+    # (the local backend measures 6-11 s for its 78k-parameter job, docs/results.md).
     restart_s: NonNeg = 30.0
 
     @model_validator(mode="after")
@@ -143,7 +143,7 @@ class DedicatedPool(Strict):
 
 
 class InferenceSection(Strict):
-    """Inference services co-located on GPU training nodes (issue 4); harvest round every ``interval_s``."""
+    """Inference services co-located on GPU training nodes; harvest round every ``interval_s``."""
 
     services: Annotated[list[ServiceSpec], Field(min_length=1)]
     pool: DedicatedPool = DedicatedPool()
@@ -162,7 +162,7 @@ class InferenceSection(Strict):
     need_corr: Annotated[float, Field(ge=0, lt=1)] = 0.9
     # Interference coefficients: training slowdown per co-located inference core busy (share of
     # node cores), and inference latency inflation per unit of training CPU load (share of node
-    # cores). Defaults 0 until the local-backend calibration measures them (not invented here).
+    # cores). Unset: the profile's (``reamer calibrate``'s interference part; 0 in the shipped one).
     training_interference: NonNeg = 0.0
     inference_interference: NonNeg = 0.0
 

@@ -84,7 +84,7 @@ class JobView:
 
 @dataclass(frozen=True, slots=True)
 class InferenceService:
-    """A latency-SLO inference service (fields completed by the Cloud Reamer issue)."""
+    """A latency-SLO inference service."""
 
     id: str
     model: str

@@ -17,10 +17,10 @@ from reamer.reports.results import write_atomic
 
 
 def phases(rounds: Any, job: str) -> list[dict[str, Any]]:
-    """The job's consecutive rounds (:class:`RoundLog`-like: ``t``, ``shapes``, ``speeds``,
-    ``bottlenecks``) with one shape (PS, workers): mean measured speed over them (the first
-    measured round after a change is left out: it straddles the restart), and the
-    bottleneck diagnosed most often."""
+    """The job's consecutive rounds (:class:`~reamer.runtime.rounds.RoundRecord`-like: ``t``,
+    ``shapes``, ``speeds``, ``bottlenecks``) with one shape (PS, workers): mean measured speed
+    over them (the first measured round after a change is left out: it straddles the restart),
+    and the bottleneck diagnosed most often."""
     out: list[dict[str, Any]] = []
     for r in rounds:
         shape = r.shapes.get(job)

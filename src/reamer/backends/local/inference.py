@@ -44,9 +44,10 @@ SERVER_MODULE = "reamer.workloads.real.inference_server"
 LOADGEN_MODULE = "reamer.workloads.real.loadgen"
 LOAD_MAX_INFLIGHT = 32  # the load generator's sender threads (the serving calibration uses the same)
 # The load generator is the measuring apparatus: where it shares a CPU with training, a training
-# step's burst delays its sends and receives and the p99 it reports grows (bench/apparatus.py,
-# 6 rounds: vgg_cifar at 60/s, a resnet_narrow step each second on its CPU: p99 median +13 %;
-# at this weight, 10x a container's default, median +1 %; docs/results.md).
+# step's burst delays its sends and receives and the p99 it reports grows
+# (bench/experiments/apparatus.py, 6 rounds: vgg_cifar at 60/s, a resnet_narrow step each
+# second on its CPU: p99 median +13 %; at this weight, 10x a container's default, median +1 %;
+# docs/results.md).
 LOAD_CPU_WEIGHT = 1000
 log = logging.getLogger(__name__)
 

@@ -271,9 +271,9 @@ class Testbed:
         ``queue_bytes``: what the limited link may hold queued (tbf ``limit``), by default a
         NIC's own queue (:data:`QUEUE_BYTES`). The receiving end's limit sits on the switch
         side, where a sender's burst arrives at veth speed (Gbit/s): with a queue of 50 ms at
-        5 Mbit/s (31 KB, the limit before 2026-11-30) a parameter server's 156-312 KB
-        step transfers lost most of their segments and waited out TCP retransmission
-        timeouts (200 ms), two shards' parallel transfers most (``docs/local.md``)."""
+        5 Mbit/s (31 KB), a parameter server's 156-312 KB step transfers lose most of their
+        segments and wait out TCP retransmission timeouts (200 ms), two shards' parallel
+        transfers most (``docs/local.md``)."""
         h = self.host(host)
         ends = ((h.netns, h.ifname), (self.switch, h.peer))
         if mbit is None:

@@ -1,4 +1,4 @@
-"""Simulated inference services co-located on GPU training nodes (Cloud Reamer, issue 4).
+"""Simulated inference services co-located on GPU training nodes (Cloud Reamer).
 
 :class:`SimInference` implements :class:`reamer.control.HarvestBackend`: it observes what
 training uses on each GPU node (from the training speed model, with seeded noise) and the
@@ -47,8 +47,9 @@ once per window (``inference.interval_s``, default one minute). Model, per windo
   over running jobs, integrated over time (job-seconds): the ratio of contended to
   uncontended speed measured in the same run (no second run needed: the uncontended step
   is kept beside the contended one).
-* **Interference** (coefficients default 0 until the local-backend calibration measures
-  them): training speed ÷ ``1 + training_interference × inference cores / node cores``;
+* **Interference** (coefficients from the profile's ``interference`` section unless the
+  scenario sets them; 0 in the shipped profile): training speed
+  ÷ ``1 + training_interference × inference cores / node cores``;
   replica latency × ``1 + inference_interference × training use / node cores``.
 * **Startup.** A placed or migrated replica serves in the window it is placed in (no start-up
   delay modelled); migration is make-before-break, so it never loses a window.

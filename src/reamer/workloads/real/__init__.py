@@ -1,4 +1,4 @@
-"""Real workloads for the local backend (issue 5): run as separate processes.
+"""Real workloads for the local backend, run as separate processes.
 
 - :mod:`~reamer.workloads.real.ps_training`: parameter-server data-parallel training in
   PyTorch over real TCP (PS shards and workers).
