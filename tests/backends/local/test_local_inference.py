@@ -28,6 +28,7 @@ class FakeTraining:
         self.nodes = tuple(ln.node for ln in self.local.values())
         self.state = ClusterState(self.nodes)
         self.state.submit(TrainingJob("j", "small_cnn", 0, 100, 1, 1, Resources(0.5), Resources(1.0)), 0.0)
+        self.state.submit(TrainingJob("k", "small_cnn", 0, 100, 1, 1, Resources(0.5), Resources(1.0)), 0.0)
         self.state.apply(StartJob("j", (Placement(Role.PS, "b", Resources(0.5)),
                                         Placement(Role.WORKER, "a", Resources(1.0)))), 0.0)
 
@@ -97,7 +98,7 @@ def test_expected_growth_counts_before_training_actuates_then_clears(tmp_path):
                     Resize("j/worker1", Resources(0.5))])  # a shrink frees nothing until it happened
         snap = inf.observe(2.0)
         assert (snap.usage["a"].training_limit, snap.usage["a"].training_need) == (1.5, 1.5)
-        assert snap.usage["b"].training_limit == 2.0
+        assert (snap.usage["b"].training_limit, snap.usage["b"].training_request) == (2.0, 2.0)
         assert inf.observe(3.0).usage["b"].training_limit == 0.5  # one round only
     finally:
         inf.close()

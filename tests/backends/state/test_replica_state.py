@@ -63,5 +63,5 @@ def test_node_usage_adds_what_training_is_about_to_take_for_one_round():
     assert (u.training_need, u.training_limit, u.training_request, u.training_used) == (3.5, 5.0, 3.0, 3.0)
     st.expect([Resize("j/worker1", Resources(10, 1024))])
     u = st.node_usage(g, 2.0, reserve=2.0, need=None, used=3.0)  # need None: the limits
-    assert (u.training_need, u.training_limit) == (11.0, 11.0)
+    assert (u.training_need, u.training_limit, u.training_request) == (11.0, 11.0, 3.0)
     assert st.node_usage(g, 3.0, reserve=2.0, need=None, used=3.0).training_limit == 5.0

@@ -10,7 +10,7 @@ import pytest
 
 from reamer.backends.local.cluster import LocalCluster, LocalNode
 from reamer.backends.sim import SimCluster
-from reamer.backends.state import ClusterState, Launch, Reshape, SetQuota, Stop
+from reamer.backends.state import ClusterState, Growth, Launch, Reshape, SetQuota, Stop
 from reamer.domain import (
     AddContainer,
     JobState,
@@ -127,8 +127,11 @@ def test_every_backend_refuses_the_same_decisions_and_keeps_its_state(backend, w
 
 def test_growth_is_what_decisions_are_about_to_take():
     st = _state()
+    st.submit(TrainingJob("k", "resnet50", 0.0, 1e5, 1, 1, Resources(0.5, 256), Resources(1, 256)), 0.0)
     st.apply(START, 0.0)
     grow = st.growth([Resize("j/worker1", Resources(3, 512)), Resize("j/ps0", Resources(0.5, 512)),
-                      AddContainer("j", Placement(Role.WORKER, "a", Resources(2, 512))),
-                      StartJob("k", (Placement(Role.WORKER, "b", Resources(1, 512)),))])
-    assert grow == {"b": 2.0, "a": 2.0}  # a shrink frees nothing until it happened
+                      AddContainer("j", Placement(Role.WORKER, "a", Resources(3, 512))),
+                      StartJob("k", (Placement(Role.WORKER, "b", Resources(1, 256)),))])
+    # limits grow by what is added (a shrink frees nothing until it happened); requests by
+    # the user's request of each new container's role, whatever its placement's size
+    assert grow == {"b": Growth(2.0, 1.0, 256.0), "a": Growth(3.0, 2.0, 512.0)}

@@ -46,7 +46,7 @@ LOAD_MAX_INFLIGHT = 32  # the load generator's sender threads (the serving calib
 # The load generator is the measuring apparatus: where it shares a CPU with training, a training
 # step's burst delays its sends and receives and the p99 it reports grows
 # (bench/experiments/apparatus.py, 6 rounds: vgg_cifar at 60/s, a resnet_narrow step each
-# second on its CPU: p99 median +13 %; at this weight, 10x a container's default, median +1 %;
+# second on its CPU: p99 median +13 %; at this weight, 10x a container's default, median +2 %;
 # docs/results.md).
 LOAD_CPU_WEIGHT = 1000
 log = logging.getLogger(__name__)

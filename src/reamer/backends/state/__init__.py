@@ -14,6 +14,7 @@ from reamer.backends.state.inference import (
 from reamer.backends.state.training import (
     ClusterState,
     Effect,
+    Growth,
     JobRecord,
     Launch,
     Reshape,
@@ -25,6 +26,7 @@ from reamer.backends.state.training import (
 __all__ = [
     "ClusterState",
     "Effect",
+    "Growth",
     "JobRecord",
     "Launch",
     "MoveReplica",

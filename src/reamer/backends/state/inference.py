@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from reamer.backends.state.training import ClusterState
+from reamer.backends.state.training import ClusterState, Growth
 from reamer.domain import Decision, Node
 from reamer.domain.decisions import InvalidDecision
 from reamer.domain.inference import (
@@ -101,7 +101,7 @@ class ReplicaState:
         self.node_names = {n.name for n in self.nodes}
         self.pool = pool
         self.owner: dict[str, str] = {}  # replica id -> service id
-        self._expected: dict[str, float] = {}  # node -> CPU training is about to take (joint round)
+        self._expected: dict[str, Growth] = {}  # node -> what training is about to take (joint round)
 
     # ------------------------------------------------------------------ decisions
     def apply(self, d: HarvestDecision) -> ReplicaEffect:
@@ -160,22 +160,23 @@ class ReplicaState:
 
     # ------------------------------------------------------------------ the policy's view
     def expect(self, decisions: Sequence[Decision]) -> None:
-        """Training decided ``decisions`` and applies them right after this harvest round:
-        the CPU they add on a node counts as training's in the next :meth:`node_usage`."""
+        """Training decided ``decisions`` and applies them right after this harvest round: the
+        CPU, requests and memory they add on a node count as training's in the next
+        :meth:`node_usage`."""
         self._expected = self.training.growth(decisions)
 
     def node_usage(self, node: Node, now: float, *, reserve: float, need: float | None, used: float) -> NodeUsage:
         """What the policy sees of training on ``node``: ``need`` (``None``: the containers'
         CPU limits) and ``used`` as the backend measured them, the limits, requests and
         memory of the training containers there, plus what this round's training decisions
-        are about to take (counted into need and limits; used once per :meth:`expect`)."""
+        are about to take (CPU counted into need and limits; used once per :meth:`expect`)."""
         cont = self.training.containers_on(node.name)
         limits = sum(c.res.cpu for c in cont)
         request = sum(self.training.requested_cpu(c) for c in cont)
-        grow = self._expected.pop(node.name, 0.0)
+        g = self._expected.pop(node.name, Growth())
         need = limits if need is None else need
-        return NodeUsage(node.name, node.cores, reserve, need + grow, request, now, training_used=used,
-                         mem_used_mib=sum(c.res.mem_mib for c in cont), training_limit=limits + grow)
+        return NodeUsage(node.name, node.cores, reserve, need + g.cpu, request + g.request, now, training_used=used,
+                         mem_used_mib=sum(c.res.mem_mib for c in cont) + g.mem_mib, training_limit=limits + g.cpu)
 
     def snapshot(self, now: float, usage: dict[str, NodeUsage], first_rates: dict[str, float]) -> HarvestSnapshot:
         """The harvesting policy's snapshot; ``first_rates`` is each service's rate forecast

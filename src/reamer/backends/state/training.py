@@ -71,6 +71,15 @@ class JobRecord:
                        self.started_s, self.last_change_s)
 
 
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """What a round's decisions will add on one node: CPU limits, CPU requests, memory."""
+
+    cpu: float = 0.0
+    request: float = 0.0
+    mem_mib: float = 0.0
+
+
 # ----------------------------------------------------------------------------- effects
 
 
@@ -189,19 +198,25 @@ class ClusterState:
         spec = self.jobs[c.owner].spec
         return (spec.worker_res if c.role is Role.WORKER else spec.ps_res).cpu
 
-    def growth(self, decisions: Iterable[Decision]) -> dict[str, float]:
-        """CPU per node that ``decisions`` add once applied: what training is about to take.
-        CPU they release counts only once it is freed."""
-        grow: dict[str, float] = {}
+    def growth(self, decisions: Iterable[Decision]) -> dict[str, Growth]:
+        """What ``decisions`` add per node once applied — what training is about to take: CPU
+        limits, the requests of new containers, their memory. What they release counts only
+        once it is freed."""
+        grow: dict[str, Growth] = {}
+
+        def add(node: str, cpu: float, request: float = 0.0, mem: float = 0.0) -> None:
+            g = grow.get(node, Growth())
+            grow[node] = Growth(g.cpu + cpu, g.request + request, g.mem_mib + mem)
+
         for d in decisions:
-            if isinstance(d, StartJob):
-                for p in d.placements:
-                    grow[p.node] = grow.get(p.node, 0.0) + p.res.cpu
-            elif isinstance(d, AddContainer):
-                grow[d.placement.node] = grow.get(d.placement.node, 0.0) + d.placement.res.cpu
+            if isinstance(d, StartJob | AddContainer) and d.job in self.jobs:
+                spec = self.jobs[d.job].spec
+                for p in d.placements if isinstance(d, StartJob) else (d.placement,):
+                    req = (spec.worker_res if p.role is Role.WORKER else spec.ps_res).cpu
+                    add(p.node, p.res.cpu, req, p.res.mem_mib)
             elif isinstance(d, Resize) and d.container in self.owner:
                 c = self.container(d.container)
-                grow[c.node] = grow.get(c.node, 0.0) + max(0.0, d.res.cpu - c.res.cpu)
+                add(c.node, max(0.0, d.res.cpu - c.res.cpu), mem=max(0.0, d.res.mem_mib - c.res.mem_mib))
         return grow
 
     def snapshot(self, now: float, queue: Sequence[JobView], running: Sequence[JobView],
