@@ -1,7 +1,9 @@
 """The control round — the architecture in one function: observe → decide → actuate.
 
-Every backend (``sim`` now; ``local`` and ``k8s`` later) implements :class:`Backend`;
-every policy implements :class:`Policy`. Neither knows which of the others it talks to.
+Every backend (the simulator, the local backend) implements :class:`Backend` (and, for
+inference, :class:`HarvestBackend`); every policy implements :class:`Policy` (or
+:class:`HarvestPolicy`). Neither knows which of the others it talks to. The runtime
+(:mod:`reamer.runtime`) decides when a round runs.
 """
 
 from __future__ import annotations
