@@ -35,7 +35,7 @@ def test_pure_packages_import_no_backend():
 
 def test_checker_catches_a_backend_import(tmp_path):
     f = tmp_path / "p.py"
-    f.write_text("from reamer.backends.sim import simulate\n")
+    f.write_text("from reamer.backends.sim.cluster import SimCluster\n")
     assert any(m.startswith(FORBIDDEN) for m in imports_of(f))
 
 

@@ -54,3 +54,14 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
     sc = load_scenario(p)
     assert sc.cluster.node_list == p.parent / "nodes.csv"
     assert sc.workload.path == p.parent / "jobs.csv"
+
+
+def test_local_policy_section_defaults_to_a_real_runs_policy_and_ids_are_unique():
+    from reamer.config.local import parse_local
+
+    host = {"name": "h", "cores": 1.0}
+    sc = parse_local({"hosts": [host], "policy": {"options": {"nearchus": {"block_s": 60}}}}, "t.yaml")
+    assert (sc.policy.training, sc.policy.interval_s, sc.policy.harvest) == ("nearchus", 3.0, "reamer")
+    job = {"id": "j", "model": "small_cnn", "samples": 10}
+    with pytest.raises(InputError, match="job ids must be unique"):
+        parse_local({"hosts": [host], "jobs": [job, job]}, "t.yaml")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -10,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reamer.errors import InputError
 from reamer.models.profiles import shipped_profiles
 from reamer.models.inference import (
     InferenceProfile,

@@ -1,4 +1,4 @@
-"""Inference services harvested from GPU training nodes in the simulator (issue 4, step 2)."""
+"""Inference services harvested from GPU training nodes in the simulator."""
 
 from __future__ import annotations
 

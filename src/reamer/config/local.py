@@ -55,6 +55,13 @@ class LocalServiceSpec(Strict):
     window_s: Pos = 10.0
 
 
+class LocalPolicySection(PolicySection):
+    """The shared ``policy:`` section with a real run's defaults: NEARCHUS every 3 s."""
+
+    training: str = "nearchus"
+    interval_s: Pos = 3.0
+
+
 class LocalScenario(Strict):
     name: str = "local"
     seed: int = 0
@@ -63,16 +70,17 @@ class LocalScenario(Strict):
     jobs: list[LocalJobSpec] = []
     services: list[LocalServiceSpec] = []
     system_reserve_cores: NonNeg = 0.25  # per host, for the controller and the load generator
-    policy: PolicySection = PolicySection(training="nearchus", interval_s=3.0)
+    policy: LocalPolicySection = LocalPolicySection()
     source: str = "<inline>"
 
     @model_validator(mode="after")
     def _check(self) -> LocalScenario:
         from reamer.workloads.real.nets import MODELS
 
-        names = [h.name for h in self.hosts]
-        if len(set(names)) != len(names):
-            raise ValueError(f"host names must be unique (got {names})")
+        for what, ids in (("host names", [h.name for h in self.hosts]), ("job ids", [j.id for j in self.jobs]),
+                          ("service ids", [s.id for s in self.services])):
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"{what} must be unique (got {ids})")
         for j in self.jobs:
             if j.model not in MODELS:
                 raise ValueError(f"job {j.id}: model must be one of {sorted(MODELS)} (got {j.model!r})")
@@ -80,7 +88,6 @@ class LocalScenario(Strict):
             if s.model not in MODELS:
                 raise ValueError(f"service {s.id}: model must be one of {sorted(MODELS)} (got {s.model!r})")
         return self
-
 
     def training_jobs(self) -> list[TrainingJob]:
         """The jobs as the backends and policies see them (a container may grow to a host's cores)."""

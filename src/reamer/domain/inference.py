@@ -10,9 +10,10 @@ Conventions shared by every harvesting policy and backend:
   times seconds, rates requests per second;
 * a service's requests are split across its replicas in proportion to each replica's
   capacity at the SLO (weighted round-robin / least-outstanding-requests routing);
-  :func:`reamer.policies.harvest.replica_weights` gives the weights;
+  :func:`reamer.models.inference.routing_weights` gives the weights;
 * :class:`MigrateReplica` is make-before-break: the backend starts the new replica on
-  ``to_node`` (same shape) and stops the old one only once the new one serves.
+  ``to_node`` (same shape) and stops the old one only once the new one serves. The new
+  replica has a new id (as a new pod would); the old id is gone once the round is applied.
 """
 
 from __future__ import annotations

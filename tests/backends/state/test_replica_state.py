@@ -65,3 +65,13 @@ def test_node_usage_adds_what_training_is_about_to_take_for_one_round():
     u = st.node_usage(g, 2.0, reserve=2.0, need=None, used=3.0)  # need None: the limits
     assert (u.training_need, u.training_limit, u.training_request) == (11.0, 11.0, 3.0)
     assert st.node_usage(g, 3.0, reserve=2.0, need=None, used=3.0).training_limit == 5.0
+
+
+def test_undo_gives_back_what_a_backend_could_not_carry_out():
+    st = _state()
+    st.apply(PlaceReplica("s", "g", 2.0, 4, 0.0))
+    before = dict(st.services["s"].replicas), dict(st.owner)
+    st.undo(st.apply(MigrateReplica("s/r0", "pool-0")))  # the new replica never listened
+    assert (dict(st.services["s"].replicas), dict(st.owner)) == before
+    st.undo(st.apply(PlaceReplica("s", "g", 1.0, 1, 0.0)))
+    assert (dict(st.services["s"].replicas), dict(st.owner)) == before

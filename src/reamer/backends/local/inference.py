@@ -202,13 +202,16 @@ class LocalInference:
         for d in decisions:
             e = self.replicas.apply(d)
             s = self.services[e.service]
-            if isinstance(e, StartReplica):
-                self._start(s, e.replica)
+            if isinstance(e, StartReplica | MoveReplica):
+                try:
+                    self._start(s, e.replica if isinstance(e, StartReplica) else e.new)
+                except BaseException:
+                    self.replicas.undo(e)  # it never served: the old replica (if any) still does
+                    raise
+                if isinstance(e, MoveReplica):
+                    self._stop(s, e.old.id)  # make (the new one serves) before break (drained, then stopped)
             elif isinstance(e, SetReplicaQuota):
                 self.executor.set_cpu(self._cg(e.replica.id), e.replica.cores)
-            elif isinstance(e, MoveReplica):
-                self._start(s, e.new)
-                self._stop(s, e.old.id)  # make (the new one serves) before break (drained, then stopped)
             else:
                 self._stop(s, e.replica.id)
             touched.add(e.service)

@@ -112,6 +112,8 @@ class ReplicaState:
             if s is None or d.node not in self.node_names or not d.cores > 0:
                 raise InvalidDecision(f"place {d}: unknown service or node, or no cores")
             return StartReplica(s.id, self._add(s, d.node, d.cores, d.max_batch, d.max_wait_s))
+        if not isinstance(d, ResizeReplica | MigrateReplica | EvictReplica):
+            raise InvalidDecision(f"unknown decision {d!r}")
         s, r = self._replica(d.replica)
         if isinstance(d, ResizeReplica):
             if not d.cores > 0:
@@ -124,10 +126,18 @@ class ReplicaState:
             new = self._add(s, d.to_node, r.cores, r.max_batch, r.max_wait_s)
             self._drop(s, r)
             return MoveReplica(s.id, r, new)
-        if isinstance(d, EvictReplica):
-            self._drop(s, r)
-            return StopReplica(s.id, r)
-        raise InvalidDecision(f"unknown decision {d!r}")
+        self._drop(s, r)
+        return StopReplica(s.id, r)
+
+    def undo(self, e: ReplicaEffect) -> None:
+        """Take back a booked effect the backend could not carry out (a replica that never
+        listened): the state is again what the backend runs."""
+        s = self.services[e.service]
+        if isinstance(e, StartReplica | MoveReplica):
+            self._drop(s, e.replica if isinstance(e, StartReplica) else e.new)
+        if isinstance(e, MoveReplica):
+            s.replicas[e.old.id] = e.old
+            self.owner[e.old.id] = s.id
 
     def _add(self, s: ServiceRecord, node: str, cores: float, max_batch: int, max_wait_s: float) -> Replica:
         r = Replica(f"{s.id}/r{s.next_id}", node, cores, max_batch, max_wait_s)

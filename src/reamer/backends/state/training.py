@@ -239,6 +239,8 @@ class ClusterState:
         return j, j.containers[cid]
 
     def _check_placement(self, p: Placement) -> None:
+        if p.role not in (Role.PS, Role.WORKER):
+            raise InvalidDecision(f"a training container is a PS or a worker, got {p.role.value}")
         if p.node not in self.free:
             raise InvalidDecision(f"unknown node {p.node}")
         if p.res.cpu <= 0:

@@ -1,0 +1,185 @@
+"""The local training backend carrying out the shared state's effects, with stand-ins for the
+processes, cgroups and the testbed (what is under test is the order of process operations
+and the progress banked across restarts; real processes: tests/runtime/test_local_run.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import reamer.backends.local.cluster as lc
+from reamer.domain import AddContainer, JobState, Node, Preempt, RemoveContainer, Resize, Resources, Role, StartJob
+from reamer.domain import TrainingJob
+from reamer.domain.decisions import Placement
+
+
+class Line:
+    def __init__(self, t, obj):
+        self.t, self.obj = t, obj
+
+
+class Stats:
+    usage_s = nr_throttled = nr_periods = 0
+
+    def __sub__(self, other):
+        return self
+
+
+class Executor:
+    def __init__(self, ops):
+        self.ops = ops
+
+    def create(self, name):
+        self.ops.append(("create", name))
+
+    def set_cpu(self, name, cores):
+        self.ops.append(("cpu", name, cores))
+
+    def set_cpuset(self, name, cpus):
+        pass
+
+    def remove(self, name, kill=False):
+        self.ops.append(("remove", name))
+
+    def read_stats(self, name):
+        return Stats()
+
+
+class Testbed:
+    def exec_argv(self, host, argv):
+        return argv
+
+    def ip(self, host):
+        return f"10.0.0.{host}"
+
+    def link_bytes(self, host):
+        return 0, 0
+
+
+class World:
+    """Fake workload processes: a PS reports the checkpoint's version when it listens; a worker
+    reports its step; on SIGTERM it stops, and a PS that exits after it checkpoints that step."""
+
+    def __init__(self):
+        self.ops: list[tuple] = []
+        self.version = 0
+        self.workers: list = []
+
+    def proc(self, argv, cgroup, executor, log, env, clock):
+        world = self
+        args = argv[argv.index("-m") + 2:]
+        role = args[0]
+        world.ops.append(("spawn", cgroup, "--resume" in args))
+
+        class Proc:
+            lines: list = []
+
+            def __init__(self):
+                self.lines, self.live, self.step = [], True, world.version
+                self.target = int(args[args.index("--steps") + 1]) if role == "worker" else None
+                if role == "worker":
+                    world.workers.append(self)
+
+            def wait_for(self, event, timeout):
+                return {"port": 5000, "version": world.version}
+
+            def run(self, steps):
+                self.step = min(self.target, self.step + steps)
+                self.lines.append(Line(0.0, {"event": "interval", "step": self.step}))
+                if self.step >= self.target:
+                    self.lines.append(Line(0.0, {"event": "done", "step": self.step}))
+                    self.live = False
+
+            def since(self, i):
+                return self.lines[i:]
+
+            def alive(self):
+                return self.live
+
+            def signal(self, sig):
+                world.ops.append(("sigterm", cgroup))
+                if self.live and role == "worker":
+                    self.lines.append(Line(0.0, {"event": "stopped", "step": self.step}))
+                    self.live = False
+
+            def wait(self, timeout):
+                if role == "ps":  # it checkpoints what its workers reached
+                    world.version = max([world.version] + [w.step for w in world.workers if not w.live])
+                    ckpt = Path(args[args.index("--checkpoint") + 1])
+                    ckpt.mkdir(parents=True, exist_ok=True)
+                    (ckpt / "shard-0.npz").write_bytes(b"")
+                self.live = False
+                return 0
+
+            def kill(self):
+                self.live = False
+
+            def close(self):
+                pass
+
+        return Proc()
+
+
+@pytest.fixture
+def world(monkeypatch, tmp_path):
+    w = World()
+    monkeypatch.setattr(lc, "Proc", w.proc)
+    nodes = [lc.LocalNode(Node("a", 4, 8192), 0), lc.LocalNode(Node("b", 4, 8192), 1)]
+    spec = TrainingJob("j", "resnet_narrow", 0.0, 1000, 1, 2, Resources(1, 512), Resources(1, 1024), batch=10)
+    w.cluster = lc.LocalCluster(nodes, [spec], executor=Executor(w.ops), testbed=Testbed(), workdir=tmp_path,
+                                clock=lambda: 0.0)
+    w.cluster.observe(0.0)
+    w.cluster.actuate([StartJob("j", (Placement(Role.PS, "a", Resources(1, 512)),
+                                      Placement(Role.WORKER, "a", Resources(1, 1024)),
+                                      Placement(Role.WORKER, "b", Resources(1, 1024))))], 0.0)
+    return w
+
+
+def _spawned(w):
+    return [(op[1], op[2]) for op in w.ops if op[0] == "spawn"]
+
+
+def test_launch_starts_ps_shards_then_workers(world):
+    assert _spawned(world) == [("j.ps0", False), ("j.worker1", False), ("j.worker2", False)]
+    assert [w.target for w in world.workers] == [50, 50]  # 1000 samples / (10 × 2 workers)
+
+
+def test_reshape_banks_progress_stops_the_old_shape_and_resumes_the_new_one(world):
+    for w in world.workers:
+        w.run(10)
+    world.ops.clear()
+    world.cluster.actuate([AddContainer("j", Placement(Role.PS, "b", Resources(1, 512)))], 5.0)
+    assert [op[1] for op in world.ops if op[0] == "sigterm"] == ["j.worker1", "j.worker2"]  # workers leave first
+    # the new PS set resumes from the checkpoint; workers start from the step it reports
+    assert _spawned(world) == [("j.ps0", True), ("j.ps3", True), ("j.worker1", False), ("j.worker2", False)]
+    view = world.cluster.observe(6.0).running[0]
+    assert view.samples_done == 200  # 2 workers × 10 steps × batch 10, banked across the restart
+    assert len(world.cluster.restarts_s) == 1
+    world.ops.clear()
+    world.cluster.actuate([RemoveContainer("j/worker2")], 7.0)
+    assert ("sigterm", "j.worker2") in world.ops  # the removed worker is stopped too
+    assert _spawned(world) == [("j.ps0", True), ("j.ps3", True), ("j.worker1", False)]
+
+
+def test_resize_rewrites_the_quota_in_place(world):
+    world.ops.clear()
+    world.cluster.actuate([Resize("j/worker1", Resources(2, 1024))], 1.0)
+    assert world.ops == [("cpu", "j.worker1", 2)]
+
+
+def test_preempt_keeps_progress_and_a_finished_job_is_done(world):
+    for w in world.workers:
+        w.run(20)
+    world.cluster.actuate([Preempt("j")], 3.0)
+    snap = world.cluster.observe(4.0)
+    assert [v.samples_done for v in snap.queue] == [400] and not snap.running
+    world.cluster.actuate([StartJob("j", (Placement(Role.PS, "b", Resources(1, 512)),
+                                          Placement(Role.WORKER, "b", Resources(1, 1024))))], 5.0)
+    last = world.workers[-1]
+    assert _spawned(world)[-2:] == [("j.ps3", True), ("j.worker4", False)]
+    assert last.target == 20 + 60  # resumed at step 20, the rest: 600 samples / batch 10
+    last.run(1000)
+    world.cluster.observe(9.0)
+    j = world.cluster.state.jobs["j"]
+    assert j.state is JobState.DONE and j.finished_s == 9.0 and world.cluster.finished
