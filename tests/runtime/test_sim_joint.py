@@ -10,6 +10,7 @@ import pytest
 from reamer.backends.sim import SimCluster, SimInference
 from reamer.config.scenario import parse_scenario
 from reamer.domain import Resize, Resources, Role, TrainingJob
+from reamer.policies import make_policy
 from reamer.policies.static import Static
 from reamer.runtime import simulate
 
@@ -90,8 +91,6 @@ def test_the_joint_round_counts_the_growth_in_what_the_harvest_policy_sees():
         name, interval_s = "spy", 60.0
 
         def __init__(self):
-            from reamer.policies import make_policy
-
             self.inner = make_policy("reamer", kind="harvest", interval_s=60.0)
 
         def decide(self, snap):

@@ -220,9 +220,6 @@ class SimInference:
     def _noise(self) -> float:
         return max(0.0, 1.0 + self.noise * float(self.rng.standard_normal())) if self.noise else 1.0
 
-    def _limits(self, node: str) -> float:
-        return sum(x.res.cpu for x in self.cluster.state.containers_on(node))
-
     def _weights(self, s: ServiceRecord) -> tuple[list[Replica], list[float], list[float]]:
         """The service's replicas, their cores on the latency grid, and their routing weights."""
         reps = list(s.replicas.values())
@@ -337,7 +334,7 @@ class SimInference:
             if cores_inf <= 0:
                 continue
             use = self.cluster.node_use(n.name, False)
-            weight = self._limits(n.name)
+            weight = self.cluster.state.cpu_limits(n.name)
             got_t, got_i = cfs_split(n.cores - sec.system_reserve_cores, use, weight, cores_inf, cores_inf)
             s_inf = cores_inf / got_i if got_i > 0 else math.inf
             k = 1.0
@@ -402,7 +399,7 @@ class SimInference:
         for n in self.train_nodes:
             train = load[n.name] * n.cores
             used_sum += train
-            limits = self._limits(n.name)
+            limits = self.cluster.state.cpu_limits(n.name)
             alloc_sum += limits
             cores_sum += n.cores
             t.gpu_node_used_core_s += (train + busy.get(n.name, 0.0)) * dt

@@ -192,6 +192,10 @@ class ClusterState:
         """The training containers on ``node``, in placement order."""
         return [self.jobs[self.owner[cid]].containers[cid] for cid in self.on_node[node]]
 
+    def cpu_limits(self, node: str) -> float:
+        """Σ CPU limits of the training containers on ``node``."""
+        return sum(c.res.cpu for c in self.containers_on(node))
+
     def requested_cpu(self, c: Container) -> float:
         """The CPU the job's user requested for a container of ``c``'s role (what a
         Kubernetes scheduler books)."""
@@ -220,9 +224,9 @@ class ClusterState:
         return grow
 
     def snapshot(self, now: float, queue: Sequence[JobView], running: Sequence[JobView],
-                 telemetry: Mapping[str, JobTelemetry]) -> ClusterSnapshot:
+                 telemetry: dict[str, JobTelemetry]) -> ClusterSnapshot:
         return ClusterSnapshot(now, self.nodes, MappingProxyType(dict(self.free)), tuple(queue), tuple(running),
-                               MappingProxyType(dict(telemetry)))
+                               MappingProxyType(telemetry))
 
     # ------------------------------------------------------------------ booking
     def _job(self, jid: str, state: JobState) -> JobRecord:
