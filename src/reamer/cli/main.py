@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from reamer.cli.k8s import app as k8s_app
 from reamer.config.scenario import Scenario, load_embedded, load_scenario
 from reamer.errors import InputError
 from reamer.logs import configure
@@ -25,6 +26,7 @@ from reamer.runtime.policies import training_policy
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Reamer: adaptive training allocation + inference on spare CPU, for ML clusters.")
+app.add_typer(k8s_app, name="k8s")
 console = Console(stderr=True)
 
 

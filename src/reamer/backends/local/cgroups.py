@@ -225,10 +225,7 @@ class CgroupExecutor:
             raise CgroupError(path, expected, f"writing {str(value)!r} failed: {err.strerror or err}") from None
 
     def _read(self, path: Path, expected: str = "a readable cgroup file") -> str:
-        try:
-            return path.read_text()
-        except OSError as err:
-            raise CgroupError(path, expected, err.strerror or str(err)) from None
+        return _read_file(path, expected)
 
     def _mkdir(self, path: Path) -> bool:
         try:
@@ -429,22 +426,10 @@ class CgroupExecutor:
     # ------------------------------------------------------------------ reads
     def read_stats(self, name: str) -> CpuStats:
         """Cumulative usage and throttling from ``cpu.stat`` (v1: plus ``cpuacct.usage``)."""
-        d = self.path(name, "cpu")
-        stat_file = d / "cpu.stat"
-        kv = parse_kv(self._read(stat_file, "cpu.stat"))
-        if self.version == 2:
-            keys = ("usage_usec", "nr_periods", "nr_throttled", "throttled_usec")
-            _need(kv, keys, stat_file)
-            return CpuStats(kv["usage_usec"] / 1e6, kv["nr_periods"], kv["nr_throttled"], kv["throttled_usec"] / 1e6)
-        _need(kv, ("nr_periods", "nr_throttled", "throttled_time"), stat_file)
-        if "cpuacct" not in self._hier:
+        if self.version == 1 and "cpuacct" not in self._hier:
             raise CgroupError(self.root / "cpuacct", "a mounted cgroup-v1 cpuacct hierarchy for usage", "not mounted")
-        usage_file = self._hier["cpuacct"] / self.prefix / name / "cpuacct.usage"
-        try:
-            usage_ns = int(self._read(usage_file, "cpuacct.usage (ns)").strip())
-        except ValueError:
-            raise CgroupError(usage_file, "an integer of nanoseconds", "unparsable") from None
-        return CpuStats(usage_ns / 1e9, kv["nr_periods"], kv["nr_throttled"], kv["throttled_time"] / 1e9)
+        usage = self._hier["cpuacct"] / self.prefix / name if self.version == 1 else None
+        return read_cpu_stats(self.path(name, "cpu"), self.version, usage)
 
     def quota_cores(self, name: str) -> float | None:
         """Tightest CFS quota/period on the path from the cgroup up to the root; None = unlimited."""
@@ -480,6 +465,32 @@ class CgroupExecutor:
         n = float(len(self.cpus(name)))
         q = self.quota_cores(name)
         return n if q is None else min(q, n)
+
+
+def read_cpu_stats(d: Path, version: int, usage_dir: Path | None = None) -> CpuStats:
+    """Cumulative usage and throttling of any cgroup directory ``d`` (the one reader of
+    ``cpu.stat``): v2 from ``cpu.stat``; v1 from ``cpu.stat`` and ``usage_dir``'s
+    ``cpuacct.usage`` (default ``d``: a co-mounted ``cpu,cpuacct``)."""
+    stat_file = d / "cpu.stat"
+    kv = parse_kv(_read_file(stat_file, "cpu.stat"))
+    if version == 2:
+        keys = ("usage_usec", "nr_periods", "nr_throttled", "throttled_usec")
+        _need(kv, keys, stat_file)
+        return CpuStats(kv["usage_usec"] / 1e6, kv["nr_periods"], kv["nr_throttled"], kv["throttled_usec"] / 1e6)
+    _need(kv, ("nr_periods", "nr_throttled", "throttled_time"), stat_file)
+    usage_file = (usage_dir or d) / "cpuacct.usage"
+    try:
+        usage_ns = int(_read_file(usage_file, "cpuacct.usage (ns)").strip())
+    except ValueError:
+        raise CgroupError(usage_file, "an integer of nanoseconds", "unparsable") from None
+    return CpuStats(usage_ns / 1e9, kv["nr_periods"], kv["nr_throttled"], kv["throttled_time"] / 1e9)
+
+
+def _read_file(path: Path, expected: str) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise CgroupError(path, expected, e.strerror or str(e)) from None
 
 
 def read_quota(d: Path, version: int) -> float | None:

@@ -100,7 +100,7 @@ class ReplicaState:
         self.nodes = tuple(nodes)
         self.node_names = {n.name for n in self.nodes}
         self.pool = pool
-        self.owner: dict[str, str] = {}  # replica id -> service id
+        self.owner = {r.id: s.id for s in self.services.values() for r in s.replicas.values()}  # replica -> service
         self._expected: dict[str, Growth] = {}  # node -> what training is about to take (joint round)
 
     # ------------------------------------------------------------------ decisions

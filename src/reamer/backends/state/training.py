@@ -161,6 +161,31 @@ class ClusterState:
         self.queue[spec.id] = None
         return rec
 
+    def restore(self, spec: TrainingJob, containers: Sequence[Container], *, next_id: int, queued_since: float,
+                queue_s: float = 0.0, started_s: float | None = None, last_change_s: float | None = None,
+                reconfigs: int = 0) -> JobRecord:
+        """Book a job as a durable record describes it (a controller rebuilding its state from
+        the cluster after a restart): queued when ``containers`` is empty, else running on
+        them. The containers must fit, as when they were decided."""
+        rec = self.submit(spec, queued_since)
+        rec.queue_s, rec.started_s, rec.last_change_s, rec.reconfigs = queue_s, started_s, last_change_s, reconfigs
+        if containers:
+            need: dict[str, Resources] = {}
+            for c in containers:
+                self._check_placement(Placement(c.role, c.node, c.res))
+                need[c.node] = need.get(c.node, Resources()) + c.res
+            for node, res in need.items():
+                if not res.fits_in(self.free[node]):
+                    del self.jobs[spec.id], self.queue[spec.id]
+                    raise InvalidDecision(f"restore {spec.id}: {res} does not fit on {node} (free {self.free[node]})")
+            for c in containers:
+                self._book(rec, c)
+            del self.queue[spec.id]
+            self.running[spec.id] = None
+            rec.state = JobState.RUNNING
+        rec.next_id = next_id
+        return rec
+
     def apply(self, d: Decision, now: float) -> Effect:
         """Validate ``d``, book it and return what the backend must carry out. An invalid
         decision raises :class:`InvalidDecision` and changes nothing."""
@@ -251,16 +276,19 @@ class ClusterState:
             raise InvalidDecision(f"a container on {p.node} needs CPU > 0, got {p.res.cpu}")
 
     def _place(self, j: JobRecord, p: Placement) -> Container:
-        self.free[p.node] = self.free[p.node] - p.res
-        self.cpu_alloc += p.res.cpu
-        self.gpu_alloc += p.res.gpu
-        cid = f"{j.spec.id}/{p.role.value}{j.next_id}"
+        c = Container(f"{j.spec.id}/{p.role.value}{j.next_id}", j.spec.id, p.role, p.node, p.res,
+                      self.cpusets.get(p.node))
         j.next_id += 1
-        c = Container(cid, j.spec.id, p.role, p.node, p.res, self.cpusets.get(p.node))
-        j.containers[cid] = c
-        self.owner[cid] = j.spec.id
-        self.on_node[p.node][cid] = None
+        self._book(j, c)
         return c
+
+    def _book(self, j: JobRecord, c: Container) -> None:
+        self.free[c.node] = self.free[c.node] - c.res
+        self.cpu_alloc += c.res.cpu
+        self.gpu_alloc += c.res.gpu
+        j.containers[c.id] = c
+        self.owner[c.id] = j.spec.id
+        self.on_node[c.node][c.id] = None
 
     def _unplace(self, c: Container) -> None:
         self.free[c.node] = self.free[c.node] + c.res

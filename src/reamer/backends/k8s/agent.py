@@ -1,0 +1,284 @@
+"""The node agent (``reamer k8s agent``, a DaemonSet): reads each pod's cgroup, network
+namespace and ``reamer_*`` metrics on its node and publishes them, with the node's slack,
+as the node's ``NodeSlack`` (docs/kubernetes.md: the formula and the telemetry contract).
+
+Pod cgroups are found for cgroup v1 and v2, the systemd and cgroupfs drivers, and the three
+QoS classes (:func:`pod_cgroup`); container scopes of containerd (``cri-containerd-ID.scope``),
+cri-o (``crio-ID.scope``) and docker (``docker-ID.scope``) are recognised below them
+(:func:`container_cgroups`). Usage and throttling come from the one cgroup reader,
+:func:`reamer.backends.local.cgroups.read_cpu_stats`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.kube import ApiError, Kube, custom, nodes
+from reamer.backends.local.cgroups import CgroupError, CpuStats, detect_version, read_cpu_stats
+
+log = logging.getLogger(__name__)
+
+QOS_DIRS = {"Guaranteed": "", "Burstable": "burstable", "BestEffort": "besteffort"}
+SCOPE = re.compile(r"^(?:cri-containerd-|crio-|docker-)?([0-9a-f]{12,64})(?:\.scope)?$")
+METRICS_PORT = ko.P + "metrics-port"
+
+
+def cpu_hierarchy(root: Path, version: int) -> Path:
+    """The directory pod cgroups live under for CPU: v2 the root, v1 the cpu(acct) mount."""
+    if version == 2:
+        return root
+    for d in ("cpu,cpuacct", "cpuacct,cpu", "cpu"):
+        if (root / d).is_dir():
+            return root / d
+    raise CgroupError(root / "cpu", "a mounted cgroup-v1 cpu hierarchy", "directory missing")
+
+
+def pod_cgroup(top: Path, uid: str, qos: str | None = None) -> Path | None:
+    """The pod's cgroup directory under ``top`` (the CPU hierarchy), whatever the driver:
+    cgroupfs ``kubepods[/burstable|/besteffort]/pod<uid>`` or systemd
+    ``kubepods.slice[/kubepods-burstable.slice]/kubepods[-burstable]-pod<uid_>.slice``."""
+    classes = [qos] if qos in QOS_DIRS else []
+    classes += [q for q in QOS_DIRS if q not in classes]
+    u = uid.replace("-", "_")
+    for q in classes:
+        sub = QOS_DIRS[q]
+        cands = [top / "kubepods" / sub / f"pod{uid}" if sub else top / "kubepods" / f"pod{uid}"]
+        if sub:
+            cands.append(top / "kubepods.slice" / f"kubepods-{sub}.slice" / f"kubepods-{sub}-pod{u}.slice")
+        else:
+            cands.append(top / "kubepods.slice" / f"kubepods-pod{u}.slice")
+        for c in cands:
+            if c.is_dir():
+                return c
+    return None
+
+
+def container_cgroups(pod_dir: Path) -> dict[str, Path]:
+    """Container id → its cgroup below a pod's (containerd, cri-o, docker or cgroupfs names)."""
+    out = {}
+    for d in sorted(p for p in pod_dir.iterdir() if p.is_dir()):
+        m = SCOPE.match(d.name)
+        if m:
+            out[m.group(1)] = d
+    return out
+
+
+def procs(d: Path) -> list[int]:
+    """Pids in ``d`` or any cgroup below it."""
+    out = []
+    for f in [d / "cgroup.procs", *d.glob("*/cgroup.procs")]:
+        try:
+            out += [int(x) for x in f.read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def net_bytes(proc: Path, pid: int) -> int | None:
+    """rx + tx bytes of every interface but loopback in ``pid``'s network namespace."""
+    try:
+        lines = (proc / str(pid) / "net" / "dev").read_text().splitlines()[2:]
+    except OSError:
+        return None
+    total = 0
+    for ln in lines:
+        name, _, rest = ln.partition(":")
+        if name.strip() == "lo":
+            continue
+        f = rest.split()
+        total += int(f[0]) + int(f[8])
+    return total
+
+
+def memory_mib(d: Path, root: Path, version: int) -> float:
+    f = d / "memory.current" if version == 2 else root / "memory" / d.relative_to(cpu_hierarchy(root, 1)) / \
+        "memory.usage_in_bytes"
+    try:
+        return int(f.read_text()) / 2**20
+    except (OSError, ValueError):
+        return 0.0
+
+
+def scrape(url: str, timeout_s: float = 2.0) -> dict[str, dict]:
+    """``reamer_*`` families of a Prometheus endpoint: ``{name: {"type", "samples": [(name, labels, value)]}}``."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name.startswith("reamer_"):
+            out[fam.name] = {"type": fam.type, "samples": [(s.name, s.labels, s.value) for s in fam.samples]}
+    return out
+
+
+def summarize(now: dict[str, dict], before: dict[str, dict] | None, window_s: float) -> dict[str, float]:
+    """The published metrics: counters as value and ``:rate``, histograms as ``:p99`` over the
+    window (from bucket deltas), gauges as value."""
+    out: dict[str, float] = {}
+    for name, fam in now.items():
+        samples = fam["samples"]
+        if fam["type"] == "counter":
+            v = sum(s[2] for s in samples if s[0].endswith("_total") or s[0] == name)
+            key = name if name.endswith("_total") else name + "_total"
+            out[key] = v
+            if before and name in before and window_s > 0:
+                v0 = sum(s[2] for s in before[name]["samples"] if s[0].endswith("_total") or s[0] == name)
+                out[key + ":rate"] = max(0.0, v - v0) / window_s
+        elif fam["type"] == "histogram":
+            if not before or name not in before:
+                continue
+            b1 = {s[1]["le"]: s[2] for s in samples if s[0].endswith("_bucket")}
+            b0 = {s[1]["le"]: s[2] for s in before[name]["samples"] if s[0].endswith("_bucket")}
+            edges = sorted(b1, key=lambda le: math.inf if le == "+Inf" else float(le))
+            total = b1.get("+Inf", 0.0) - b0.get("+Inf", 0.0)
+            if total > 0:
+                for le in edges:
+                    if b1[le] - b0.get(le, 0.0) >= 0.99 * total:
+                        out[name + ":p99"] = math.inf if le == "+Inf" else float(le)
+                        break
+        elif samples:
+            out[name] = float(samples[0][2])
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+@dataclass
+class _Prev:
+    at: float
+    cpu: CpuStats | None
+    net: int | None
+    metrics: dict[str, dict] | None
+
+
+class Agent:
+    """Measures the pods of ``node`` every round and publishes its NodeSlack.
+
+    ``cgroup_root`` / ``proc_root`` are where the node's cgroup tree and ``/proc`` are mounted
+    (the DaemonSet mounts the host's); ``system_reserved`` cores are kept for the system;
+    ``scrape_host`` overrides the pods' IP (tests)."""
+
+    def __init__(self, kube: Kube, node: str, *, cgroup_root: Path = Path("/sys/fs/cgroup"),
+                 proc_root: Path = Path("/proc"), system_reserved: float = 1.0, nic_gbps: float | None = None,
+                 clock: Callable[[], float] = time.time, scrape_host: str | None = None) -> None:
+        self.kube, self.node = kube, node
+        self.cgroup_root, self.proc_root = cgroup_root, proc_root
+        self.version = detect_version(cgroup_root)
+        self.top = cpu_hierarchy(cgroup_root, self.version)
+        self.system_reserved, self.nic_gbps, self.clock, self.scrape_host = system_reserved, nic_gbps, clock, scrape_host
+        self._prev: dict[str, _Prev] = {}
+        self._last: float | None = None
+        self._sys_prev: float | None = None
+
+    def measure(self) -> dict:
+        """One NodeSlack status from the pods on the node now."""
+        now = self.clock()
+        node = self.kube.get(nodes(self.node))
+        cores = ko.quantity(((node.get("status") or {}).get("allocatable") or {}).get("cpu", 0), "node cpu")
+        nic = self.nic_gbps or float(ko.labels(node).get(ko.P + "nic-gbps", 10.0))
+        items, _ = self.kube.list("/api/v1/pods", field_selector=f"spec.nodeName={self.node}")
+        window = now - self._last if self._last is not None else 0.0
+        entries, seen = [], set()
+        used = {"training": 0.0, "inference": 0.0}
+        limits = 0.0
+        for p in items:
+            if ko.terminated(p):
+                continue
+            m = ko.meta(p)
+            uid = m["uid"]
+            seen.add(uid)
+            e, cpu_used = self._pod(p, now)
+            entries.append(e)
+            kind = "training" if ko.JOB in ko.labels(p) else "inference" if ko.SERVICE in ko.labels(p) else None
+            if kind:
+                used[kind] += cpu_used
+            if kind == "training":
+                limits += ko.pod_cpu_limit(p)
+            e["netCapacityGbps"] = nic
+        for uid in set(self._prev) - seen:
+            del self._prev[uid]
+        self._last = now
+        system = self._system_used(window, sum(used.values()))
+        return {"reportedAt": now, "windowSeconds": window, "cores": cores, "systemReserved": self.system_reserved,
+                "systemUsed": system, "trainingUsed": used["training"], "inferenceUsed": used["inference"],
+                "trainingNeed": max(limits, used["training"]),
+                "memoryUsedMiB": sum(e.get("memoryUsedMiB", 0.0) for e in entries),
+                "slack": max(0.0, cores - max(system, self.system_reserved) - max(limits, used["training"])),
+                "pods": entries}
+
+    def _pod(self, p: dict, now: float) -> tuple[dict, float]:
+        m = ko.meta(p)
+        uid = m["uid"]
+        e: dict = {"namespace": m["namespace"], "name": m["name"], "uid": uid, "cpuLimit": ko.pod_cpu_limit(p)}
+        d = pod_cgroup(self.top, uid, (p.get("status") or {}).get("qosClass"))
+        prev = self._prev.get(uid)
+        cpu = net = None
+        cpu_used = 0.0
+        if d is not None:
+            try:
+                cpu = read_cpu_stats(d, self.version)
+            except CgroupError as err:
+                log.info("pod %s: %s", m["name"], err)
+            pids = procs(d)
+            net = net_bytes(self.proc_root, pids[0]) if pids else None
+            e["memoryUsedMiB"] = memory_mib(d, self.cgroup_root, self.version)
+        dt = now - prev.at if prev else 0.0
+        if prev and dt > 0 and cpu is not None and prev.cpu is not None:
+            delta = cpu - prev.cpu
+            cpu_used = max(0.0, delta.usage_s / dt)
+            e["cpuUsed"] = cpu_used
+            e["throttledRatio"] = delta.nr_throttled / delta.nr_periods if delta.nr_periods > 0 else 0.0
+        if prev and dt > 0 and net is not None and prev.net is not None:
+            e["netGbps"] = 8.0 * max(0, net - prev.net) / dt / 1e9
+        metrics = None
+        port = ko.annotations(p).get(METRICS_PORT)
+        host = self.scrape_host or (p.get("status") or {}).get("podIP")
+        if port and host:
+            try:
+                metrics = scrape(f"http://{host}:{port}/metrics")
+                e["metrics"] = summarize(metrics, prev.metrics if prev else None, dt)
+            except (OSError, ValueError) as err:
+                log.info("pod %s: metrics not scraped: %s", m["name"], err)
+        self._prev[uid] = _Prev(now, cpu, net, metrics)
+        return e, cpu_used
+
+    def _system_used(self, window: float, pods_used: float) -> float:
+        """Cores used outside the pods: the whole machine's use (root cgroup) less the pods'."""
+        try:
+            if self.version == 1:
+                total = int((self.top / "cpuacct.usage").read_text()) / 1e9
+            else:
+                total = ko.quantity(dict(ln.split() for ln in (self.top / "cpu.stat").read_text().splitlines())
+                                    ["usage_usec"], "usage_usec") / 1e6
+        except (OSError, KeyError, ValueError, ko.SpecError):
+            return 0.0
+        prev, self._sys_prev = self._sys_prev, total
+        if prev is None or window <= 0:
+            return 0.0
+        return max(0.0, (total - prev) / window - pods_used)
+
+    def publish(self, status: dict) -> dict:
+        """Write the node's NodeSlack (created on first use)."""
+        path = custom("nodeslacks", name=self.node)
+        try:
+            obj = self.kube.get(path)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            node = self.kube.get(nodes(self.node))
+            obj = self.kube.create(custom("nodeslacks"), {
+                "apiVersion": "reamer.io/v1alpha1", "kind": "NodeSlack", "metadata": {
+                    "name": self.node, "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": self.node,
+                                                            "uid": ko.meta(node)["uid"]}]}, "spec": {}})
+        return self.kube.merge_patch(path + "/status", {"status": status})
+
+    def round(self) -> dict:
+        return self.publish(self.measure())
+

@@ -1,0 +1,250 @@
+"""The scheduler's backend: InferenceServices harvested by Cloud Reamer (or any harvesting
+policy) on a cluster; pods with ``schedulerName: reamer``.
+
+:meth:`K8sInference.observe` rebuilds the training state with the controller's own
+function (:func:`~reamer.backends.k8s.cluster.training_state`: the shapes the TrainingJobs
+record, growth the controller decided but has not applied yet included — what inference
+must leave room for) and the replica state from the pods; each node's usage is its agent's
+last NodeSlack (none, or older than the policy's ``stale_s``: no slack).
+:meth:`K8sInference.actuate` books the policy's decisions and carries them out:
+
+* place: create the replica's pod (named from the service's never-reused index, target node
+  in an annotation) and bind it (``pods/binding``) — only to a node whose agent is fresh;
+* resize: ``PATCH pods/{name}/resize``; without it (404) a make-before-break replacement;
+* migrate (make-before-break): the new pod carries ``reamer.io/replaces: OLD``; OLD is
+  deleted only once the new pod is Ready;
+* evict: the Eviction API, so PodDisruptionBudgets hold (429: kept, tried next round).
+
+A restarted scheduler finds half-done work in the pods (unbound targets, ``replaces``
+annotations) and finishes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.cluster import ClusterObjects, Informers, cluster_nodes, training_state
+from reamer.backends.k8s.kube import ApiError, Kube, custom, pods
+from reamer.backends.k8s.telemetry import pod_reports, service_window
+from reamer.backends.k8s.training import Fault, no_fault
+from reamer.backends.state.inference import (
+    MoveReplica,
+    ReplicaState,
+    ServiceRecord,
+    SetReplicaQuota,
+    StartReplica,
+    StopReplica,
+)
+from reamer.domain.decisions import InvalidDecision
+from reamer.domain.inference import HarvestDecision, HarvestSnapshot, Replica
+
+log = logging.getLogger(__name__)
+
+
+class K8sInference:
+    """The :class:`~reamer.control.HarvestBackend` of ``reamer k8s scheduler`` in ``namespace``.
+    ``stale_s``: a NodeSlack older than this is no evidence of slack (bind refuses the node)."""
+
+    def __init__(self, kube: Kube, informers: Informers, namespace: str, training_models: Mapping[str, object],
+                 inference_models: Sequence[str], *, stale_s: float = 30.0, clock: Callable[[], float] = time.time,
+                 fault: Fault = no_fault, pool: str = "inference") -> None:
+        self.kube, self.informers, self.ns = kube, informers, namespace
+        self.training_models, self.inference_models = training_models, tuple(inference_models)
+        self.stale_s, self.clock, self.fault, self.pool = stale_s, clock, fault, pool
+        self.state: ReplicaState | None = None
+        self.objs: ClusterObjects | None = None
+        self.crs: dict[str, dict] = {}
+        self.pod_of: dict[str, str] = {}  # replica id -> pod name
+        self._status: dict[str, dict] = {}  # service -> status patch to write this round
+        self.counts = {"binds": 0, "bind_refused_stale": 0, "evictions": 0, "evictions_refused": 0, "migrations": 0,
+                       "resizes": 0, "invalid_decisions": 0, "api_errors": 0}
+
+    # ------------------------------------------------------------------ observe
+    def observe(self, now: float) -> HarvestSnapshot:
+        objs = self.objs = self.informers.objects()
+        tview = training_state(objs, self.training_models)
+        nodes = cluster_nodes(objs)
+        reports = pod_reports(objs)
+        alive = [p for p in objs.pods if ko.SERVICE in ko.labels(p) and not ko.deleting(p) and not ko.terminated(p)]
+        replaced = {ko.annotations(p)[ko.REPLACES] for p in alive if ko.REPLACES in ko.annotations(p)}
+        records, first, self.crs, self.pod_of, self._status = [], {}, {}, {}, {}
+        for isvc in objs.services:
+            name = ko.meta(isvc)["name"]
+            st = isvc.get("status") or {}
+            try:
+                spec = ko.inference_service(isvc, self.inference_models)
+            except (ko.SpecError, KeyError, ValueError) as e:
+                self._invalid(isvc, e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e)), now)
+                continue
+            mine = [p for p in alive if ko.labels(p)[ko.SERVICE] == name]
+            rec = ServiceRecord(name, spec.model, spec.slo_p99_s, spec.mem_mib,
+                                observed_rates=[float(x) for x in st.get("rates") or []],
+                                last_p99_s=(float(st["p99Ms"]) / 1e3 if st.get("p99Ms") is not None else None))
+            idx = [ko.replica_index(p) for p in objs.pods if ko.labels(p).get(ko.SERVICE) == name]
+            rec.next_id = max([int(st.get("nextIndex", 0)), *(i + 1 for i in idx)])
+            for p in mine:
+                if ko.meta(p)["name"] in replaced:
+                    continue  # being replaced: its successor holds the booking
+                r = ko.replica_of(p)
+                if r.node:
+                    rec.replicas[r.id] = r
+                    self.pod_of[r.id] = ko.meta(p)["name"]
+            self._observe_window(rec, st, [ko.meta(p)["name"] for p in mine], reports, now)
+            records.append(rec)
+            first[name] = spec.rate_per_s
+            self.crs[name] = isvc
+        self.state = ReplicaState(tview.state, records, nodes, self.pool)
+        usage = {}
+        for n in nodes:
+            st = (objs.slacks.get(n.name) or {}).get("status") or {}
+            at = float(st["reportedAt"]) if "reportedAt" in st else -math.inf
+            usage[n.name] = self.state.node_usage(n, at, reserve=float(st.get("systemReserved", 0.0)), need=None,
+                                                  used=float(st.get("trainingUsed", 0.0)))
+        return self.state.snapshot(now, usage, first)
+
+    def _observe_window(self, rec: ServiceRecord, st: dict, pod_names: list[str], reports, now: float) -> None:
+        w = service_window(pod_names, self.ns, reports)
+        if w is None or w.at <= float(st.get("lastWindowAt", -math.inf)):
+            return
+        rec.observed_rates = (rec.observed_rates + [w.rate_per_s])[-2:]
+        rec.last_p99_s = w.p99_s
+        windows, met = int(st.get("windows", 0)), int(st.get("windowsMet", 0))
+        if w.rate_per_s > 0:  # a window with traffic counts, served or not
+            windows += 1
+            met += int(w.p99_s is not None and w.p99_s <= rec.slo_p99_s)
+        self._status[rec.id] = {"rates": rec.observed_rates, "ratePerSecond": w.rate_per_s, "lastWindowAt": w.at,
+                                "p99Ms": None if w.p99_s is None else round(w.p99_s * 1e3, 3), "windows": windows,
+                                "windowsMet": met, "sloAttainment": round(met / windows, 4) if windows else None}
+
+    def _invalid(self, isvc: dict, err: ko.SpecError, now: float) -> None:
+        st = isvc.get("status") or {}
+        if any(c.get("type") == "Invalid" and c.get("message") == str(err) for c in st.get("conditions") or []):
+            return
+        log.warning("InferenceService %s cannot run: %s", ko.meta(isvc)["name"], err)
+        self._patch_status(ko.meta(isvc)["name"], {"conditions": ko.set_condition(
+            st.get("conditions"), "Invalid", True, err.reason, str(err), now)})
+
+    # ------------------------------------------------------------------ actuate
+    def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None:
+        assert self.state is not None, "observe before actuate"
+        for d in decisions:
+            try:
+                e = self.state.apply(d)
+            except InvalidDecision as err:
+                self.counts["invalid_decisions"] += 1
+                log.warning("decision %s rejected: %s", d, err)
+                continue
+            try:
+                self._carry(e, now)
+            except ApiError as err:
+                self.counts["api_errors"] += 1
+                log.warning("%s: %s (the next round sees what happened)", d, err)
+        for sid, s in self.state.services.items():
+            patch = self._status.get(sid, {})
+            patch.update(replicas=len(s.replicas), nextIndex=s.next_id)
+            old = self.crs[sid].get("status") or {}
+            if any(old.get(k) != v for k, v in patch.items()):
+                self._patch_status(sid, patch)
+        self.converge(now)
+
+    def _carry(self, e, now: float) -> None:
+        if isinstance(e, StartReplica):
+            self._create(e.replica, None)
+        elif isinstance(e, MoveReplica):
+            self.counts["migrations"] += 1
+            self._create(e.new, self.pod_of[e.old.id])
+        elif isinstance(e, SetReplicaQuota):
+            name = self.pod_of[e.replica.id]
+            try:
+                self.kube.resize(self.ns, name, [{"name": self._main(name), "resources": {
+                    "limits": {"cpu": ko.cpu_str(e.replica.cores)}, "requests": {"cpu": ko.cpu_str(e.replica.cores)}}}])
+                self.kube.merge_patch(pods(self.ns, name), {"metadata": {"annotations": {ko.CORES: str(e.replica.cores)}}})
+                self.counts["resizes"] += 1
+            except ApiError as err:
+                if err.status not in (404, 405, 422):
+                    raise
+                s = self.state.services[e.service]  # no in-place resize: a replacement, make-before-break
+                new = Replica(f"{s.id}/r{s.next_id}", e.replica.node, e.replica.cores, e.replica.max_batch,
+                              e.replica.max_wait_s)
+                s.next_id += 1
+                self._create(new, name)
+        elif isinstance(e, StopReplica):
+            name = self.pod_of[e.replica.id]
+            try:
+                self.kube.evict(self.ns, name)
+                self.counts["evictions"] += 1
+            except ApiError as err:
+                if err.status != 429:
+                    raise
+                self.counts["evictions_refused"] += 1
+                log.info("eviction of %s refused by a PodDisruptionBudget: tried again next round", name)
+
+    def _main(self, pod_name: str) -> str:
+        p = self.informers.reflectors["pods"].get(f"{self.ns}/{pod_name}") or {}
+        return (((p.get("spec") or {}).get("containers") or [{}])[0]).get("name", "serve")
+
+    def _create(self, r: Replica, replaces: str | None) -> None:
+        pod = ko.inference_pod(self.crs[r.id.split("/", 1)[0]], r, replaces)
+        try:
+            new = self.kube.create(pods(self.ns), pod)
+            self.informers.put("pods", new)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            new = self.kube.get(pods(self.ns, pod["metadata"]["name"]))
+        self.fault("after-create")
+        self._bind(new)
+        if replaces:
+            self.fault("mid-migration")
+
+    # ------------------------------------------------------------------ converge
+    def fresh(self, node: str, now: float) -> bool:
+        st = ((self.objs.slacks.get(node) if self.objs else None) or {}).get("status") or {}
+        return "reportedAt" in st and now - float(st["reportedAt"]) <= self.stale_s
+
+    def _bind(self, pod: dict) -> None:
+        m = ko.meta(pod)
+        node = ko.annotations(pod).get(ko.TARGET)
+        if (pod.get("spec") or {}).get("nodeName") or not node:
+            return
+        if not self.fresh(node, self.clock()):
+            self.counts["bind_refused_stale"] += 1
+            log.warning("not binding %s: the agent of %s is stale; the pod is dropped", m["name"], node)
+            self.kube.delete(pods(self.ns, m["name"]), grace_s=0, uid=m.get("uid"))
+            return
+        try:
+            self.kube.bind(self.ns, m["name"], node, uid=m.get("uid"))
+            self.counts["binds"] += 1
+        except ApiError as err:
+            if err.status != 409:
+                raise
+
+    def converge(self, now: float) -> None:
+        """Finish what the pods say is half done: bind targeted pods, delete a replaced pod
+        once its successor is Ready."""
+        objs = self.informers.objects()
+        by_name = {ko.meta(p)["name"]: p for p in objs.pods}
+        for p in objs.pods:
+            if ko.SERVICE not in ko.labels(p) or ko.deleting(p) or ko.terminated(p):
+                continue
+            try:
+                self._bind(p)
+                old = ko.annotations(p).get(ko.REPLACES)
+                if old and old in by_name and not ko.deleting(by_name[old]) and ko.ready(p):
+                    o = ko.meta(by_name[old])
+                    self.kube.delete(pods(self.ns, old), uid=o.get("uid"))
+            except ApiError as err:
+                self.counts["api_errors"] += 1
+                log.warning("pod %s: %s", ko.meta(p)["name"], err)
+
+    def _patch_status(self, name: str, patch: dict) -> None:
+        try:
+            new = self.kube.merge_patch(custom("inferenceservices", self.ns, name, "status"), {"status": patch})
+            self.informers.put("services", new)
+        except ApiError as err:
+            self.counts["api_errors"] += 1
+            log.warning("status of %s: %s", name, err)

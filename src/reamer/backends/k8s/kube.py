@@ -1,0 +1,301 @@
+"""The one way Reamer's components talk to the API server: plain JSON objects over the
+official client's transport (``kubernetes.client.ApiClient``: kubeconfig or in-cluster
+auth, TLS, connection pool), and a :class:`Reflector` (list + watch from the list's
+resourceVersion, periodic re-list) that keeps a local store of one kind.
+
+Objects stay plain dicts (as ``kubectl get -o json`` shows them): the components read a few
+fields and write merge patches, and custom resources have no generated models.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+
+log = logging.getLogger(__name__)
+
+GROUP = "reamer.io"
+VERSION = "v1alpha1"
+Obj = dict[str, Any]
+
+
+class ApiError(Exception):
+    """A non-2xx answer: ``status`` (HTTP), ``reason`` (``Conflict``, ``NotFound`` …) and the message."""
+
+    def __init__(self, status: int, reason: str, message: str, body: Obj | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message, self.body = status, reason, message, body or {}
+
+
+def pods(ns: str, name: str | None = None, sub: str | None = None) -> str:
+    return _path(f"/api/v1/namespaces/{ns}/pods", name, sub)
+
+
+def services(ns: str, name: str | None = None) -> str:
+    return _path(f"/api/v1/namespaces/{ns}/services", name, None)
+
+
+def nodes(name: str | None = None, sub: str | None = None) -> str:
+    return _path("/api/v1/nodes", name, sub)
+
+
+def custom(plural: str, ns: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+    """Path of Reamer's custom resources (``trainingjobs``, ``inferenceservices`` namespaced;
+    ``nodeslacks`` cluster-scoped)."""
+    base = f"/apis/{GROUP}/{VERSION}" + (f"/namespaces/{ns}" if ns else "") + f"/{plural}"
+    return _path(base, name, sub)
+
+
+def _path(base: str, name: str | None, sub: str | None) -> str:
+    return base + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+class Kube:
+    """JSON requests through one ``ApiClient``. ``timeout_s`` bounds every non-watch call."""
+
+    def __init__(self, api: client.ApiClient, timeout_s: float = 10.0) -> None:
+        self.api = api
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> Kube:
+        """From ``kubeconfig`` (a path), else in-cluster (a pod's service account), else ~/.kube/config."""
+        if kubeconfig:
+            return cls(config.new_client_from_config(config_file=kubeconfig, context=context))
+        try:
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)
+            return cls(client.ApiClient(cfg))
+        except config.ConfigException:
+            return cls(config.new_client_from_config(context=context))
+
+    # ---------------------------------------------------------------- requests
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+                content_type: str = "application/json", timeout_s: float | None = None, stream: bool = False) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        q = [(k, v if not isinstance(v, bool) else str(v).lower()) for k, v in (query or {}).items() if v is not None]
+        _, url, hdrs, ser_body, _ = self.api.param_serialize(method, path, query_params=q, header_params=headers,
+                                                             body=body, auth_settings=["BearerToken"])
+        resp = self.api.call_api(method, url, header_params=hdrs, body=ser_body,
+                                 _request_timeout=timeout_s if timeout_s is not None else self.timeout_s)
+        if not 200 <= resp.status < 300:
+            raw = resp.read()
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                doc = {"message": raw.decode(errors="replace")[:500]}
+            raise ApiError(resp.status, doc.get("reason", resp.reason or ""), doc.get("message", ""), doc)
+        if stream:
+            return resp.response
+        raw = resp.read()
+        return json.loads(raw) if raw else {}
+
+    def get(self, path: str) -> Obj:
+        return self.request("GET", path)
+
+    def get_or_none(self, path: str) -> Obj | None:
+        try:
+            return self.get(path)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(self, path: str, label_selector: str | None = None, field_selector: str | None = None,
+             page: int = 500) -> tuple[list[Obj], str]:
+        """Every item (paged) and the list's resourceVersion."""
+        items: list[Obj] = []
+        cont = None
+        while True:
+            doc = self.request("GET", path, query={"labelSelector": label_selector, "fieldSelector": field_selector,
+                                                   "limit": page, "continue": cont})
+            items += doc.get("items") or []
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return items, (doc.get("metadata") or {}).get("resourceVersion", "")
+
+    def create(self, path: str, obj: Obj) -> Obj:
+        return self.request("POST", path, obj)
+
+    def replace(self, path: str, obj: Obj) -> Obj:
+        """PUT: fails with 409 when ``obj``'s resourceVersion is not the stored one."""
+        return self.request("PUT", path, obj)
+
+    def merge_patch(self, path: str, patch: Obj) -> Obj:
+        return self.request("PATCH", path, patch, content_type="application/merge-patch+json")
+
+    def strategic_patch(self, path: str, patch: Obj) -> Obj:
+        return self.request("PATCH", path, patch, content_type="application/strategic-merge-patch+json")
+
+    def delete(self, path: str, grace_s: int | None = None, uid: str | None = None) -> bool:
+        """Delete; False when it was already gone. ``uid`` deletes only that incarnation."""
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if grace_s is not None:
+            body["gracePeriodSeconds"] = grace_s
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self.request("DELETE", path, body)
+            return True
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+
+    # ---------------------------------------------------------------- subresources
+    def bind(self, ns: str, pod: str, node: str, uid: str | None = None) -> None:
+        """POST pods/{pod}/binding (the scheduler's bind)."""
+        body: Obj = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod, "namespace": ns},
+                     "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        if uid:
+            body["metadata"]["uid"] = uid
+        self.request("POST", pods(ns, pod, "binding"), body)
+
+    def evict(self, ns: str, pod: str) -> None:
+        """The Eviction API (honours PodDisruptionBudgets: 429 when one forbids it).
+        ``policy/v1`` first, ``policy/v1beta1`` on servers before 1.22."""
+        for version in ("policy/v1", "policy/v1beta1"):
+            body = {"apiVersion": version, "kind": "Eviction", "metadata": {"name": pod, "namespace": ns}}
+            try:
+                self.request("POST", pods(ns, pod, "eviction"), body)
+                return
+            except ApiError as e:
+                if version == "policy/v1" and e.status in (400, 404, 415, 422):  # 1.20: no policy/v1 kind
+                    continue
+                raise
+
+    def resize(self, ns: str, pod: str, containers: list[Obj]) -> Obj:
+        """PATCH pods/{pod}/resize (in-place resize, Kubernetes ≥ 1.33): ``containers`` is
+        ``[{"name": …, "resources": {…}}]``. 404 on servers without the subresource."""
+        return self.strategic_patch(pods(ns, pod, "resize"), {"spec": {"containers": containers}})
+
+    def watch(self, path: str, resource_version: str, timeout_s: int = 60,
+              label_selector: str | None = None) -> Iterator[tuple[str, Obj]]:
+        """(type, object) events after ``resource_version`` until the server ends the stream.
+        An ``ERROR`` event (410 Gone: the version is too old) raises :class:`ApiError`."""
+        resp = self.request("GET", path, query={"watch": True, "resourceVersion": resource_version,
+                                                "timeoutSeconds": timeout_s, "allowWatchBookmarks": True,
+                                                "labelSelector": label_selector},
+                            timeout_s=timeout_s + 10, stream=True)
+        buf = b""
+        try:
+            for chunk in resp.stream(4096, decode_content=True):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("type") == "ERROR":
+                        o = ev.get("object") or {}
+                        raise ApiError(int(o.get("code") or 500), o.get("reason", ""), o.get("message", ""), o)
+                    yield ev["type"], ev["object"]
+        finally:
+            resp.release_conn()
+
+
+def key(obj: Obj) -> str:
+    m = obj.get("metadata") or {}
+    return f"{m.get('namespace', '')}/{m['name']}"
+
+
+@dataclass
+class Store:
+    """What a reflector knows of one kind: objects by ``namespace/name``."""
+
+    objects: dict[str, Obj]
+    resource_version: str = ""
+
+
+class Reflector:
+    """Keeps :attr:`store` equal to the server's objects at ``path``: list, then watch from the
+    list's resourceVersion; a cut stream resumes from the last version seen, a 410 or any
+    other error re-lists (after ``backoff_s``), and every ``resync_s`` it re-lists anyway.
+    ``on_change`` is called (from the reflector's thread) after each change."""
+
+    def __init__(self, kube: Kube, path: str, *, label_selector: str | None = None, resync_s: float = 30.0,
+                 watch_s: int = 30, backoff_s: float = 0.5, on_change: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.kube, self.path, self.selector = kube, path, label_selector
+        self.resync_s, self.watch_s, self.backoff_s = resync_s, watch_s, backoff_s
+        self.on_change = on_change
+        self.clock = clock
+        self.store = Store({})
+        self.synced = threading.Event()
+        self.relists = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def items(self) -> list[Obj]:
+        with self._lock:
+            return list(self.store.objects.values())
+
+    def get(self, k: str) -> Obj | None:
+        with self._lock:
+            return self.store.objects.get(k)
+
+    def put(self, obj: Obj) -> None:
+        """Record our own write's answer at once (the watch event that follows agrees)."""
+        with self._lock:
+            self.store.objects[key(obj)] = obj
+
+    def forget(self, k: str) -> None:
+        with self._lock:
+            self.store.objects.pop(k, None)
+
+    def relist(self) -> None:
+        items, rv = self.kube.list(self.path, label_selector=self.selector)
+        with self._lock:
+            self.store = Store({key(o): o for o in items}, rv)
+        self.relists += 1
+        self.synced.set()
+        if self.on_change:
+            self.on_change()
+
+    def start(self) -> Reflector:
+        self._thread = threading.Thread(target=self._run, name=f"reflector {self.path}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        last_list = -1e18
+        while not self._stop.is_set():
+            try:
+                if not self.synced.is_set() or self.clock() - last_list >= self.resync_s:
+                    self.relist()
+                    last_list = self.clock()
+                for typ, obj in self.kube.watch(self.path, self.store.resource_version, self.watch_s, self.selector):
+                    self._event(typ, obj)
+                    if self._stop.is_set() or self.clock() - last_list >= self.resync_s:
+                        break
+            except ApiError as e:
+                log.info("watch %s: %s; re-listing", self.path, e)
+                self.synced.clear()
+                self._stop.wait(self.backoff_s)
+            except Exception as e:  # a cut connection, a reset: resume from the last version
+                log.info("watch %s ended: %s", self.path, e)
+                self._stop.wait(self.backoff_s)
+
+    def _event(self, typ: str, obj: Obj) -> None:
+        rv = (obj.get("metadata") or {}).get("resourceVersion", "")
+        with self._lock:
+            if typ != "BOOKMARK":
+                if typ == "DELETED":
+                    self.store.objects.pop(key(obj), None)
+                else:
+                    self.store.objects[key(obj)] = obj
+            if rv:
+                self.store.resource_version = rv
+        if typ != "BOOKMARK" and self.on_change:
+            self.on_change()

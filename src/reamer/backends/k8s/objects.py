@@ -1,0 +1,346 @@
+"""Kubernetes objects ↔ Reamer's domain: Nodes, TrainingJobs, InferenceServices and the pods
+the controller and the scheduler make. Pure functions of plain dicts (no API calls).
+
+Labels (``reamer.io/…``) carry what a component needs to rebuild its state from the cluster:
+``job`` / ``role`` / ``container`` / ``epoch`` on training pods, ``service`` / ``replica``
+on inference pods; the ``replaces`` annotation marks a make-before-break replacement.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from reamer.domain import Container, Node, Resources, Role, TrainingJob
+from reamer.domain.inference import Replica
+
+Obj = dict[str, Any]
+
+P = "reamer.io/"
+JOB, ROLE, CONTAINER, EPOCH = P + "job", P + "role", P + "container", P + "epoch"
+SERVICE, REPLICA = P + "service", P + "replica"
+CORES, MAX_BATCH, MAX_WAIT_MS, REPLACES, TARGET = (P + "cores", P + "max-batch", P + "max-wait-ms", P + "replaces",
+                                                   P + "target-node")
+SCHEDULER = "reamer"
+PS_PORT = 7000  # the port of a PS (and worker) in the training pods' host lists
+
+
+class SpecError(ValueError):
+    """A custom resource the API server accepted but Reamer cannot run: ``reason`` is a
+    CamelCase condition reason, ``str()`` says which field and what was expected."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def meta(o: Obj) -> Obj:
+    return o.get("metadata") or {}
+
+
+def labels(o: Obj) -> dict[str, str]:
+    return meta(o).get("labels") or {}
+
+
+def annotations(o: Obj) -> dict[str, str]:
+    return meta(o).get("annotations") or {}
+
+
+def epoch_s(ts: str | None) -> float:
+    """An RFC 3339 timestamp (``2026-12-01T17:20:39Z``) as Unix seconds; 0 when absent."""
+    if not ts:
+        return 0.0
+    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def rfc3339(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def quantity(v: Any, where: str) -> float:
+    try:
+        q = float(parse_quantity(v))
+    except (ValueError, TypeError, InvalidOperation) as e:
+        raise SpecError("InvalidQuantity", f"{where}: expected a Kubernetes quantity, got {v!r}") from e
+    if not math.isfinite(q) or q < 0:
+        raise SpecError("InvalidQuantity", f"{where}: expected a quantity ≥ 0, got {v!r}")
+    return q
+
+
+def cpu_str(cores: float) -> str:
+    return f"{round(cores * 1000)}m"
+
+
+def mem_str(mib: float) -> str:
+    return f"{round(mib)}Mi"
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+def is_reamer_pod(pod: Obj) -> bool:
+    lb = labels(pod)
+    return JOB in lb or SERVICE in lb
+
+
+def terminated(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def pod_requests(pod: Obj) -> Resources:
+    cpu = mem = gpu = 0.0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        r = (c.get("resources") or {})
+        req = {**(r.get("limits") or {}), **(r.get("requests") or {})}  # requests default to limits
+        cpu += quantity(req.get("cpu", 0), "pod cpu request")
+        mem += quantity(req.get("memory", 0), "pod memory request") / 2**20
+        gpu += quantity(req.get("nvidia.com/gpu", 0), "pod gpu request")
+    return Resources(cpu, mem, gpu)
+
+
+def node_of(obj: Obj, foreign_pods: Iterable[Obj] = ()) -> Node:
+    """A Node as Reamer sees it: allocatable CPU, memory and GPUs less what pods Reamer does not
+    manage request there; NIC, GPU model and pool from ``reamer.io/`` labels."""
+    st = obj.get("status") or {}
+    alloc = st.get("allocatable") or st.get("capacity") or {}
+    lb = labels(obj)
+    name = meta(obj)["name"]
+    cap = Resources(quantity(alloc.get("cpu", 0), f"node {name} cpu"),
+                    quantity(alloc.get("memory", 0), f"node {name} memory") / 2**20,
+                    quantity(alloc.get("nvidia.com/gpu", 0), f"node {name} gpu"))
+    for p in foreign_pods:
+        cap = cap - pod_requests(p)
+    return Node(name, max(0.0, cap.cpu), max(0.0, cap.mem_mib), max(0.0, cap.gpu), lb.get(P + "gpu-model", ""),
+                float(lb.get(P + "nic-gbps", 10.0)), lb.get(P + "pool", "default"))
+
+
+def schedulable(obj: Obj) -> bool:
+    return not (obj.get("spec") or {}).get("unschedulable", False)
+
+
+# ----------------------------------------------------------------------------- training jobs
+
+
+def _role_res(spec: Obj, role: str) -> Resources:
+    r = (spec[role].get("resources") or {})
+    return Resources(quantity(r["cpu"], f"spec.{role}.resources.cpu"),
+                     quantity(r.get("memory", "1Gi"), f"spec.{role}.resources.memory") / 2**20,
+                     float(r.get("nvidia.com/gpu", 0)))
+
+
+def training_job(obj: Obj, models: Mapping[str, object]) -> TrainingJob:
+    """The domain job of a TrainingJob resource; :class:`SpecError` when it cannot run."""
+    spec = obj.get("spec") or {}
+    model = spec.get("model", "")
+    if model not in models:
+        raise SpecError("UnknownModel", f"spec.model: expected one of {', '.join(sorted(models))}, got {model!r}")
+    counts = {}
+    for role, max_default in (("ps", 8), ("worker", 16)):
+        rs = spec[role]
+        lo, hi, n = int(rs.get("min", 1)), int(rs.get("max", max(max_default, rs["replicas"]))), int(rs["replicas"])
+        if lo > hi:
+            raise SpecError("MinAboveMax", f"spec.{role}: min ({lo}) must not exceed max ({hi})")
+        if not lo <= n <= hi:
+            raise SpecError("ReplicasOutOfRange", f"spec.{role}.replicas: expected {lo}..{hi}, got {n}")
+        counts[role] = (n, hi)
+    ps_res, worker_res = _role_res(spec, "ps"), _role_res(spec, "worker")
+    for role, r in (("ps", ps_res), ("worker", worker_res)):
+        if r.cpu <= 0:
+            raise SpecError("InvalidQuantity", f"spec.{role}.resources.cpu: expected > 0, got {r.cpu}")
+    max_cores = float(spec.get("maxCoresPerContainer", 16))
+    if max(ps_res.cpu, worker_res.cpu) > max_cores:
+        raise SpecError("RequestAboveMax", f"spec.maxCoresPerContainer ({max_cores}) is below a requested cpu")
+    return TrainingJob(meta(obj)["name"], model, epoch_s(meta(obj).get("creationTimestamp")),
+                       float(spec["samples"]), counts["ps"][0], counts["worker"][0], ps_res, worker_res,
+                       batch=int(spec.get("batch", 32)), max_ps=counts["ps"][1], max_workers=counts["worker"][1],
+                       max_cores_per_container=max_cores)
+
+
+def status_containers(job: str, status: Obj) -> list[Container]:
+    """The shape a TrainingJob's status records (what the controller decided)."""
+    out = []
+    for c in status.get("containers") or []:
+        out.append(Container(f"{job}/{c['name']}", job, Role(c["role"]), c["node"],
+                             Resources(float(c["cpu"]), float(c.get("memoryMiB", 0)), float(c.get("gpu", 0)))))
+    return out
+
+
+def container_status(c: Container) -> Obj:
+    return {"name": c.id.split("/", 1)[1], "role": c.role.value, "node": c.node, "cpu": c.res.cpu,
+            "memoryMiB": c.res.mem_mib, "gpu": c.res.gpu}
+
+
+def short(cid: str) -> str:
+    """``job/ps0`` → ``ps0``."""
+    return cid.split("/", 1)[1]
+
+
+def training_pod(tj: Obj, spec: TrainingJob, c: Container, containers: list[Container], epoch: int,
+                 name: str) -> Obj:
+    """The pod of container ``c`` from its role's template: requests are the user's request,
+    the CPU limit is the allocation, bound to its node (the controller places gangs itself)."""
+    m = meta(tj)
+    role = "ps" if c.role is Role.PS else "worker"
+    tmpl = copy.deepcopy((tj["spec"][role].get("template") or {}))
+    pm = tmpl.get("metadata") or {}
+    ps = tmpl.get("spec") or {}
+    ctrs = ps.get("containers") or [{"name": "train", "image": "reamer/ps-training:latest"}]
+    requested = spec.ps_res if c.role is Role.PS else spec.worker_res
+    main = ctrs[0]
+    res = main.setdefault("resources", {})
+    res["requests"] = {**(res.get("requests") or {}), "cpu": cpu_str(min(requested.cpu, c.res.cpu)),
+                       "memory": mem_str(requested.mem_mib)}
+    res["limits"] = {**(res.get("limits") or {}), "cpu": cpu_str(c.res.cpu), "memory": mem_str(c.res.mem_mib)}
+    if c.res.gpu > 0:
+        res["limits"]["nvidia.com/gpu"] = res["requests"]["nvidia.com/gpu"] = str(math.ceil(c.res.gpu))
+    hosts = {r: ",".join(f"{short(x.id)}.{spec.id}:{PS_PORT}" for x in containers if x.role is r)
+             for r in (Role.PS, Role.WORKER)}
+    index = [x.id for x in containers if x.role is c.role].index(c.id)
+    env = [{"name": k, "value": str(v)} for k, v in (
+        ("REAMER_JOB", spec.id), ("REAMER_ROLE", c.role.value), ("REAMER_INDEX", index),
+        ("REAMER_PS_HOSTS", hosts[Role.PS]), ("REAMER_WORKER_HOSTS", hosts[Role.WORKER]),
+        ("REAMER_CPU", c.res.cpu), ("REAMER_EPOCH", epoch))]
+    main["env"] = [e for e in main.get("env") or [] if not e.get("name", "").startswith("REAMER_")] + env
+    ps["containers"] = ctrs
+    ps.update(nodeName=c.node, hostname=short(c.id), subdomain=spec.id)
+    ps.setdefault("restartPolicy", "OnFailure")
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": m["namespace"],
+            "labels": {**(pm.get("labels") or {}), JOB: spec.id, ROLE: c.role.value, CONTAINER: short(c.id),
+                       EPOCH: str(epoch)},
+            "annotations": pm.get("annotations") or {},
+            "ownerReferences": [owner_ref(tj)],
+        },
+        "spec": ps,
+    }
+
+
+def headless_service(tj: Obj) -> Obj:
+    """The job's headless Service: pods resolve as ``ps0.JOB`` (hostname.subdomain)."""
+    m = meta(tj)
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": m["name"], "namespace": m["namespace"], "labels": {JOB: m["name"]},
+                         "ownerReferences": [owner_ref(tj)]},
+            "spec": {"clusterIP": "None", "selector": {JOB: m["name"]},
+                     "ports": [{"name": "reamer", "port": PS_PORT}], "publishNotReadyAddresses": True}}
+
+
+def owner_ref(o: Obj) -> Obj:
+    m = meta(o)
+    return {"apiVersion": o["apiVersion"], "kind": o["kind"], "name": m["name"], "uid": m["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def pod_cpu_limit(pod: Obj) -> float:
+    ctrs = (pod.get("spec") or {}).get("containers") or [{}]
+    lim = ((ctrs[0].get("resources") or {}).get("limits") or {}).get("cpu", 0)
+    return quantity(lim, "pod cpu limit")
+
+
+def ready(pod: Obj) -> bool:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def deleting(pod: Obj) -> bool:
+    return bool(meta(pod).get("deletionTimestamp"))
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    name: str
+    model: str
+    slo_p99_s: float
+    mem_mib: float
+    min_replicas: int
+    max_replicas: int
+    rate_per_s: float
+
+
+def inference_service(obj: Obj, models: Iterable[str]) -> ServiceSpec:
+    spec = obj.get("spec") or {}
+    names = set(models)
+    if spec.get("model") not in names:
+        raise SpecError("UnknownModel", f"spec.model: expected one of {', '.join(sorted(names))}, "
+                                        f"got {spec.get('model')!r}")
+    lo, hi = int(spec.get("minReplicas", 1)), int(spec.get("maxReplicas", 8))
+    if lo > hi:
+        raise SpecError("MinAboveMax", f"spec.minReplicas ({lo}) must not exceed spec.maxReplicas ({hi})")
+    return ServiceSpec(meta(obj)["name"], spec["model"], float(spec["sloP99Ms"]) / 1e3,
+                       float(spec.get("memoryMiB", 2048)), lo, hi, float(spec.get("ratePerSecond", 0.0)))
+
+
+def replica_index(pod: Obj) -> int:
+    return int(labels(pod)[REPLICA].lstrip("r"))
+
+
+def replica_of(pod: Obj) -> Replica:
+    a, lb = annotations(pod), labels(pod)
+    node = (pod.get("spec") or {}).get("nodeName") or a.get(TARGET, "")
+    return Replica(f"{lb[SERVICE]}/{lb[REPLICA]}", node, float(a[CORES]), int(a.get(MAX_BATCH, 1)),
+                   float(a.get(MAX_WAIT_MS, 0)) / 1e3)
+
+
+def inference_pod(isvc: Obj, r: Replica, replaces: str | None = None) -> Obj:
+    """A replica's pod from the service's template, for the reamer scheduler to bind on
+    ``r.node`` (the target annotation)."""
+    m = meta(isvc)
+    svc, rep = r.id.split("/", 1)
+    tmpl = copy.deepcopy(isvc["spec"].get("template") or {})
+    pm, ps = tmpl.get("metadata") or {}, tmpl.get("spec") or {}
+    ctrs = ps.get("containers") or [{"name": "serve", "image": "reamer/inference:latest"}]
+    main = ctrs[0]
+    mem = float(isvc["spec"].get("memoryMiB", 2048))
+    main["resources"] = {"requests": {"cpu": cpu_str(r.cores), "memory": mem_str(mem)},
+                         "limits": {"cpu": cpu_str(r.cores), "memory": mem_str(mem)}}
+    env = [{"name": "REAMER_MODEL", "value": isvc["spec"]["model"]}, {"name": "REAMER_CPU", "value": str(r.cores)},
+           {"name": "REAMER_MAX_BATCH", "value": str(r.max_batch)},
+           {"name": "REAMER_MAX_WAIT_MS", "value": str(r.max_wait_s * 1e3)}]
+    main["env"] = [e for e in main.get("env") or [] if not e.get("name", "").startswith("REAMER_")] + env
+    ps["containers"] = ctrs
+    ps["schedulerName"] = SCHEDULER
+    ps.pop("nodeName", None)
+    ann = {**(pm.get("annotations") or {}), CORES: str(r.cores), MAX_BATCH: str(r.max_batch),
+           MAX_WAIT_MS: str(r.max_wait_s * 1e3), TARGET: r.node}
+    if replaces:
+        ann[REPLACES] = replaces
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{svc}-{rep}", "namespace": m["namespace"],
+                         "labels": {**(pm.get("labels") or {}), SERVICE: svc, REPLICA: rep},
+                         "annotations": ann, "ownerReferences": [owner_ref(isvc)]},
+            "spec": ps}
+
+
+# ----------------------------------------------------------------------------- conditions
+
+
+def set_condition(conds: list[Obj] | None, type_: str, status: bool, reason: str, message: str, now: float) -> list[Obj]:
+    """``conds`` with ``type_`` set; its transition time changes only when its status does.
+    (An empty message would be stored as null by a 1.20 API server: the reason stands in.)"""
+    out, s = [], "True" if status else "False"
+    message = message or reason
+    found = False
+    for c in conds or []:
+        if c.get("type") == type_:
+            found = True
+            t = c.get("lastTransitionTime") if c.get("status") == s else rfc3339(now)
+            c = {"type": type_, "status": s, "reason": reason, "message": message[:1000], "lastTransitionTime": t}
+        out.append(c)
+    if not found:
+        out.append({"type": type_, "status": s, "reason": reason, "message": message[:1000],
+                    "lastTransitionTime": rfc3339(now)})
+    return out

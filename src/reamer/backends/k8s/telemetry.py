@@ -1,0 +1,119 @@
+"""Reading what the agents published (NodeSlack objects) as the policies' telemetry.
+
+The contract (docs/kubernetes.md): each node's agent reports, per pod, CPU used and
+throttled (cgroup), network throughput (the pod's network namespace) and the pod's own
+``reamer_*`` Prometheus metrics scraped from ``reamer.io/metrics-port`` — counters as
+``NAME`` (value) and ``NAME:rate`` (per second over the window), histograms as
+``NAME:p99`` (over the window), gauges as ``NAME``. Training code meets it by exporting
+``reamer_train_samples_total``: the samples the job has trained so far (restored from its
+checkpoint, the same figure on every worker); inference servers export
+``reamer_infer_requests_total`` and the ``reamer_infer_request_latency_seconds`` histogram.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.cluster import ClusterObjects
+from reamer.domain import ContainerTelemetry, JobTelemetry, Role
+from reamer.domain.cluster import Container
+
+SAMPLES = "reamer_train_samples_total"
+REQUESTS = "reamer_infer_requests_total"
+LATENCY = "reamer_infer_request_latency_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class PodReport:
+    node: str
+    reported_at: float
+    window_s: float
+    entry: dict
+
+    @property
+    def since(self) -> float:
+        return self.reported_at - self.window_s
+
+    def metric(self, name: str) -> float | None:
+        v = (self.entry.get("metrics") or {}).get(name)
+        return None if v is None else float(v)
+
+
+def pod_reports(objs: ClusterObjects) -> dict[str, PodReport]:
+    """``namespace/name`` → the latest report of that pod."""
+    out: dict[str, PodReport] = {}
+    for node, s in objs.slacks.items():
+        st = s.get("status") or {}
+        if "reportedAt" not in st:
+            continue
+        for e in st.get("pods") or []:
+            k = f"{e['namespace']}/{e['name']}"
+            r = PodReport(node, float(st["reportedAt"]), float(st.get("windowSeconds", 0.0)), e)
+            if k not in out or out[k].reported_at < r.reported_at:
+                out[k] = r
+    return out
+
+
+def job_telemetry(containers: list[Container], pod_of: dict[str, str], namespace: str,
+                  reports: dict[str, PodReport], after: float) -> tuple[JobTelemetry | None, float]:
+    """A job's telemetry from reports newer than ``after`` (one sample per report) and the
+    samples it has done (the largest ``reamer_train_samples_total`` of its workers; 0 when none)."""
+    tel: dict[str, ContainerTelemetry] = {}
+    speed: float | None = None
+    done, since, newest = 0.0, None, None
+    for c in containers:
+        r = reports.get(f"{namespace}/{pod_of.get(c.id, '')}")
+        if r is None:
+            continue
+        if c.role is Role.WORKER:
+            done = max(done, r.metric(SAMPLES) or 0.0)
+        if r.reported_at <= after:
+            continue
+        e = r.entry
+        tel[c.id] = ContainerTelemetry(cpu_used=float(e.get("cpuUsed", 0.0)), cpu_limit=c.res.cpu,
+                                       throttled_ratio=float(e.get("throttledRatio", 0.0)),
+                                       net_gbps=float(e.get("netGbps", 0.0)),
+                                       net_capacity_gbps=float(e.get("netCapacityGbps", 0.0)),
+                                       mem_used_mib=float(e.get("memoryUsedMiB", 0.0)))
+        rate = r.metric(SAMPLES + ":rate")
+        if c.role is Role.WORKER and rate is not None:
+            speed = max(speed or 0.0, rate)
+        since = r.since if since is None else max(since, r.since)
+        newest = r.reported_at if newest is None else max(newest, r.reported_at)
+    if speed is None or since is None:
+        return None, done
+    return JobTelemetry(since, speed, tel), done
+
+
+def newest_report(containers: list[Container], pod_of: dict[str, str], namespace: str,
+                  reports: dict[str, PodReport]) -> float:
+    ts = [reports[k].reported_at for c in containers if (k := f"{namespace}/{pod_of.get(c.id, '')}") in reports]
+    return max(ts, default=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceWindow:
+    """A service's last window as its replicas measured it."""
+
+    at: float
+    rate_per_s: float
+    p99_s: float | None  # the largest replica p99 (a conservative merge); None when nothing was served
+
+
+def service_window(pod_names: list[str], namespace: str, reports: dict[str, PodReport]) -> ServiceWindow | None:
+    rs = [reports[k] for n in pod_names if (k := f"{namespace}/{n}") in reports]
+    if not rs:
+        return None
+    rate = sum(r.metric(REQUESTS + ":rate") or 0.0 for r in rs)
+    p99s = [p for r in rs if (p := r.metric(LATENCY + ":p99")) is not None]
+    return ServiceWindow(max(r.reported_at for r in rs), rate, max(p99s) if p99s else None)
+
+
+def node_slack(objs: ClusterObjects, node: str) -> dict:
+    return (objs.slacks.get(node) or {}).get("status") or {}
+
+
+def pod_key(pod: dict) -> str:
+    m = ko.meta(pod)
+    return f"{m['namespace']}/{m['name']}"

@@ -1,0 +1,348 @@
+"""The controller's backend: TrainingJobs run by NEARCHUS (or any training policy) on a cluster.
+
+Every round, :meth:`K8sTraining.observe` rebuilds the shared
+:class:`~reamer.backends.state.training.ClusterState` from the TrainingJobs' status (the
+shape decided) and the agents' reports (:mod:`reamer.backends.k8s.telemetry`);
+:meth:`K8sTraining.actuate` books the policy's decisions in that state, records each changed
+job's new shape in its status *first* (a PUT carrying the resourceVersion read: 409 → the
+decision is dropped, the next round re-reads and re-decides), then converges the pods to the
+recorded shapes:
+
+* a job's pods are named from its **epoch** (each start or PS/worker change is a restart
+  from the checkpoint in a new epoch; pods of an older epoch are deleted first and the new
+  ones created only once they are gone, so their checkpoint is written before it is read);
+* a CPU change is ``PATCH pods/{name}/resize`` (Kubernetes ≥ 1.33); where the server has no
+  such subresource (404) or the kubelet answers ``Infeasible``, the pod is recreated under a
+  new name, recorded in the status before the old pod is deleted;
+* a pod is created on a node only when the node's recorded training shape plus the inference
+  pods there fit its cores — inference moves first (the scheduler sees the new shape in the
+  status and migrates); after ``yield_timeout_s`` training takes its cores anyway.
+
+Nothing lives only in memory: a restarted controller reads the same status and pods and
+carries on (``fault`` names the points where tests kill it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.cluster import ClusterObjects, Informers, TrainingView, default_pod_name, training_state
+from reamer.backends.k8s.kube import ApiError, Kube, custom, pods, services
+from reamer.backends.k8s.telemetry import job_telemetry, newest_report, pod_reports
+from reamer.backends.state.training import Effect, JobRecord, Launch, Reshape, SetQuota, Stop
+from reamer.domain import ClusterSnapshot, Decision, JobState, JobTelemetry, Role
+from reamer.domain.decisions import InvalidDecision
+from reamer.policies.diagnosis import Thresholds, diagnose
+
+log = logging.getLogger(__name__)
+Fault = Callable[[str], None]
+
+
+def no_fault(point: str) -> None:
+    return None
+
+
+class K8sTraining:
+    """The :class:`~reamer.control.Backend` of ``reamer k8s controller`` in ``namespace``."""
+
+    def __init__(self, kube: Kube, informers: Informers, namespace: str, models: Mapping[str, object], *,
+                 clock: Callable[[], float] = time.time, yield_timeout_s: float = 60.0, fault: Fault = no_fault,
+                 grace_s: int | None = None) -> None:
+        self.kube, self.informers, self.ns, self.models = kube, informers, namespace, models
+        self.clock, self.yield_timeout_s, self.fault, self.grace_s = clock, yield_timeout_s, fault, grace_s
+        self.view: TrainingView | None = None
+        self.objs: ClusterObjects | None = None
+        self.telemetry: dict[str, JobTelemetry] = {}
+        self.samples: dict[str, float] = {}
+        self._seen: dict[str, float] = {}  # job -> newest report already turned into a sample
+        self._services: set[str] = set()  # jobs whose headless Service exists
+        self.counts = {"conflicts": 0, "invalid_decisions": 0, "pods_created": 0, "pods_deleted": 0,
+                       "resizes": 0, "recreates": 0, "api_errors": 0}
+
+    # ------------------------------------------------------------------ observe
+    def observe(self, now: float) -> ClusterSnapshot:
+        objs = self.objs = self.informers.objects()
+        view = self.view = training_state(objs, self.models)
+        for name, err in view.invalid.items():
+            self._mark_invalid(name, err, now)
+        reports = pod_reports(objs)
+        self.telemetry = {}
+        running, queue = [], []
+        for jid in list(view.state.running):
+            j = view.state.jobs[jid]
+            cont = list(j.containers.values())
+            tel, done = job_telemetry(cont, view.pod_names, self.ns, reports, self._seen.get(jid, -math.inf))
+            st = view.crs[jid].get("status") or {}
+            samples = self.samples[jid] = max(done, float(st.get("samplesDone", 0.0)))
+            if samples >= j.spec.samples or self._workers_succeeded(objs, jid, view):
+                self._commit({jid: [view.state.finish(jid, now)]}, now)
+                continue
+            if tel is not None:
+                self.telemetry[jid] = tel
+                self._seen[jid] = newest_report(cont, view.pod_names, self.ns, reports)
+            running.append(j.view(samples, now))
+        for jid in view.state.queue:
+            j = view.state.jobs[jid]
+            queue.append(j.view(float((view.crs[jid].get("status") or {}).get("samplesDone", 0.0)), now))
+        return view.state.snapshot(now, queue, running, self.telemetry)
+
+    def _workers_succeeded(self, objs: ClusterObjects, jid: str, view: TrainingView) -> bool:
+        j = view.state.jobs[jid]
+        names = {view.pod_names[c.id] for c in j.containers.values() if c.role is Role.WORKER}
+        ps = [p for p in objs.pods_of(ko.JOB, jid) if ko.meta(p)["name"] in names]
+        return bool(names) and len(ps) == len(names) and all((p.get("status") or {}).get("phase") == "Succeeded"
+                                                             for p in ps)
+
+    # ------------------------------------------------------------------ actuate
+    def actuate(self, decisions: Sequence[Decision], now: float) -> None:
+        assert self.view is not None, "observe before actuate"
+        effects: dict[str, list[Effect]] = {}
+        for d in decisions:
+            try:
+                e = self.view.state.apply(d, now)
+            except InvalidDecision as err:
+                self.counts["invalid_decisions"] += 1
+                log.warning("decision %s rejected: %s", d, err)
+                continue
+            effects.setdefault(e.job, []).append(e)
+        self._commit(effects, now)
+        self.converge(now)
+
+    def _commit(self, effects: dict[str, list[Effect]], now: float) -> None:
+        """Record each job's new shape in its status (optimistic concurrency)."""
+        view = self.view
+        assert view is not None
+        for jid, effs in effects.items():
+            epoch = view.epochs[jid]
+            j = view.state.jobs[jid]
+            if any(isinstance(e, Launch | Reshape) for e in effs):
+                epoch += 1
+                for c in j.containers.values():
+                    view.pod_names[c.id] = default_pod_name(c, epoch)
+            for e in effs:
+                if isinstance(e, SetQuota) and e.container.id not in view.pod_names:
+                    view.pod_names[e.container.id] = default_pod_name(e.container, epoch)
+            stopped = next((e for e in effs if isinstance(e, Stop)), None)
+            phase = ("Queued" if stopped.requeued else "Succeeded") if stopped else (
+                "Running" if j.state is JobState.RUNNING else "Queued")
+            if not self._write_status(jid, j, epoch, phase, now):
+                view.state.jobs.pop(jid, None)  # stale: converge leaves it alone this round
+                view.crs.pop(jid, None)
+                continue
+            view.epochs[jid] = epoch
+            self.fault("after-status")
+
+    def _status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float) -> dict:
+        view = self.view
+        assert view is not None
+        old = (view.crs[jid].get("status") or {})
+        cont = list(j.containers.values())
+        recs = [{**ko.container_status(c), "pod": view.pod_names.get(c.id, default_pod_name(c, epoch))} for c in cont]
+        st = {**old, "phase": phase, "epoch": epoch, "nextIndex": j.next_id, "containers": recs,
+              "ps": j.count(Role.PS), "workers": j.count(Role.WORKER), "cores": round(sum(c.res.cpu for c in cont), 3),
+              "queuedAt": j.queued_since, "queueSeconds": j.queue_s, "reconfigurations": j.reconfigs,
+              "samplesDone": self.samples.get(jid, float(old.get("samplesDone", 0.0))),
+              "observedGeneration": ko.meta(view.crs[jid]).get("generation", 0)}
+        for k, v in (("startedAt", j.started_s), ("lastChangeAt", j.last_change_s), ("finishedAt", j.finished_s)):
+            if v is not None:
+                st[k] = v
+        if phase == "Running":
+            st["conditions"] = ko.set_condition(old.get("conditions"), "Scheduled", True, "Placed",
+                                                f"{len(cont)} containers on {len({c.node for c in cont})} nodes", now)
+        elif phase == "Succeeded":
+            st["conditions"] = ko.set_condition(old.get("conditions"), "Scheduled", False, "Completed",
+                                                f"{st['samplesDone']:.0f} of {j.spec.samples:.0f} samples", now)
+        return st
+
+    def _write_status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float) -> bool:
+        view = self.view
+        assert view is not None
+        cr = dict(view.crs[jid])
+        cr["status"] = self._status(jid, j, epoch, phase, now)
+        try:
+            new = self.kube.replace(custom("trainingjobs", self.ns, jid, "status"), cr)
+        except ApiError as e:
+            if e.status == 409:
+                self.counts["conflicts"] += 1
+                log.info("job %s changed since it was read (409): re-deciding next round", jid)
+                return False
+            raise
+        view.crs[jid] = new
+        self.informers.put("jobs", new)
+        return True
+
+    def _merge_status(self, jid: str, patch: dict) -> None:
+        try:
+            new = self.kube.merge_patch(custom("trainingjobs", self.ns, jid, "status"), {"status": patch})
+            self.informers.put("jobs", new)
+            if self.view is not None and jid in self.view.crs:
+                self.view.crs[jid] = new
+        except ApiError as e:
+            self.counts["api_errors"] += 1
+            log.warning("status of %s: %s", jid, e)
+
+    def _mark_invalid(self, name: str, err: ko.SpecError, now: float) -> None:
+        tj = next(o for o in (self.objs.jobs if self.objs else []) if ko.meta(o)["name"] == name)
+        st = tj.get("status") or {}
+        conds = st.get("conditions") or []
+        if st.get("phase") == "Invalid" and any(c.get("type") == "Invalid" and c.get("message") == str(err)
+                                                for c in conds):
+            return
+        log.warning("TrainingJob %s cannot run: %s", name, err)
+        self._merge_status(name, {"phase": "Invalid", "conditions": ko.set_condition(
+            conds, "Invalid", True, err.reason, str(err), now)})
+
+    # ------------------------------------------------------------------ converge
+    def converge(self, now: float) -> None:
+        """Make every job's pods match its recorded shape (idempotent; safe after a crash)."""
+        view, objs = self.view, self.objs
+        assert view is not None and objs is not None
+        known = set(view.crs) | view.done | set(view.invalid)
+        for p in objs.pods:  # pods of a TrainingJob that no longer exists (no garbage collector)
+            jid = ko.labels(p).get(ko.JOB)
+            if jid and jid not in known and not ko.deleting(p) and jid not in view.state.jobs:
+                self._delete(p)
+        inference = self._inference_cores(objs)
+        for jid in list(view.crs):
+            if jid in view.state.jobs:
+                try:
+                    self._converge_job(jid, now, inference)
+                except ApiError as e:
+                    self.counts["api_errors"] += 1
+                    log.warning("job %s: %s (retried next round)", jid, e)
+        for jid in view.done:
+            for p in objs.pods_of(ko.JOB, jid):
+                if not ko.deleting(p) and not ko.terminated(p):
+                    self._delete(p)
+
+    def _inference_cores(self, objs: ClusterObjects) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in objs.pods:
+            if ko.SERVICE in ko.labels(p) and not ko.terminated(p):
+                node = (p.get("spec") or {}).get("nodeName") or ko.annotations(p).get(ko.TARGET)
+                if node:
+                    out[node] = out.get(node, 0.0) + float(ko.annotations(p).get(ko.CORES, 0))
+        return out
+
+    def _converge_job(self, jid: str, now: float, inference: dict[str, float]) -> None:
+        view, objs = self.view, self.objs
+        assert view is not None and objs is not None
+        j, tj, epoch = view.state.jobs[jid], view.crs[jid], view.epochs[jid]
+        existing = {ko.meta(p)["name"]: p for p in objs.pods_of(ko.JOB, jid)}
+        desired = {view.pod_names[c.id]: c for c in j.containers.values()} if j.state is JobState.RUNNING else {}
+        for name, p in existing.items():
+            if name not in desired and not ko.deleting(p):
+                self._delete(p)
+        if not desired:
+            return
+        self._ensure_service(tj)
+        older = any(ko.labels(p).get(ko.EPOCH) != str(epoch) for p in existing.values())
+        busy = {ko.labels(p).get(ko.CONTAINER) for n, p in existing.items() if n not in desired}
+        waiting, created = [], 0
+        for name, c in desired.items():
+            p = existing.get(name)
+            if p is not None:
+                if not ko.deleting(p):
+                    self._resize_if_needed(jid, j, epoch, p, c, now)
+                continue
+            if older or ko.short(c.id) in busy:
+                continue  # the old incarnation checkpoints and goes first
+            node = view.state.node_by_name[c.node]
+            room = node.cores - view.state.cpu_limits(c.node) - inference.get(c.node, 0.0)
+            since = j.last_change_s if j.last_change_s is not None else now
+            if room < -1e-6 and now - since < self.yield_timeout_s:
+                waiting.append(c.node)
+                continue
+            pod = ko.training_pod(tj, j.spec, c, list(j.containers.values()), epoch, name)
+            try:
+                new = self.kube.create(pods(self.ns), pod)
+                self.informers.put("pods", new)
+                self.counts["pods_created"] += 1
+            except ApiError as e:
+                if e.status != 409:
+                    raise
+            created += 1
+            if created == 1 and len(desired) > 1:
+                self.fault("gang-start")
+        if created:
+            self.fault("after-pod-create")
+        conds = (tj.get("status") or {}).get("conditions")
+        want = ko.set_condition(conds, "WaitingForInference", bool(waiting),
+                                "InferenceMoving" if waiting else "NodesFree",
+                                f"inference has not yet left {', '.join(sorted(set(waiting)))}" if waiting else "", now)
+        if [(c["type"], c["status"]) for c in want] != [(c.get("type"), c.get("status")) for c in conds or []]:
+            self._merge_status(jid, {"conditions": want})
+
+    def _resize_if_needed(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float) -> None:
+        infeasible = any(x.get("type") == "PodResizePending" and x.get("reason") == "Infeasible"
+                         for x in (pod.get("status") or {}).get("conditions") or [])
+        if not infeasible and abs(ko.pod_cpu_limit(pod) - c.res.cpu) < 1e-6:
+            return
+        name = ko.meta(pod)["name"]
+        main = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        if not infeasible:
+            try:
+                lim = {**((main.get("resources") or {}).get("limits") or {}), "cpu": ko.cpu_str(c.res.cpu)}
+                new = self.kube.resize(self.ns, name, [{"name": main.get("name"), "resources": {"limits": lim}}])
+                self.informers.put("pods", new)
+                self.counts["resizes"] += 1
+                return
+            except ApiError as e:
+                if e.status not in (404, 405, 422):
+                    raise
+                log.info("pod %s: no in-place resize (%s): recreating it", name, e.status)
+        # recreate under a new name, recorded first: the next converge deletes the old pod
+        m = re.search(r"-r(\d+)$", name)
+        self.view.pod_names[c.id] = f"{default_pod_name(c, epoch)}-r{int(m.group(1)) + 1 if m else 1}"
+        self.counts["recreates"] += 1
+        if self._write_status(jid, j, epoch, "Running", now):
+            self._delete(pod)
+            self.fault("resize-recreate")
+
+    def _ensure_service(self, tj: dict) -> None:
+        name = ko.meta(tj)["name"]
+        if name in self._services:
+            return
+        try:
+            self.kube.create(services(self.ns), ko.headless_service(tj))
+        except ApiError as e:
+            if e.status != 409:
+                raise
+        self._services.add(name)
+
+    def _delete(self, pod: dict) -> None:
+        m = ko.meta(pod)
+        if self.kube.delete(pods(self.ns, m["name"]), grace_s=self.grace_s, uid=m.get("uid")):
+            self.counts["pods_deleted"] += 1
+
+    # ------------------------------------------------------------------ reports
+    def report(self, decisions: Sequence[Decision], thresholds: Thresholds | None, now: float) -> None:
+        """Write each measured job's diagnosis, its evidence and the round's decision for it."""
+        view = self.view
+        if view is None or thresholds is None:
+            return
+        for jid, tel in self.telemetry.items():
+            j = view.state.jobs.get(jid)
+            if j is None or j.state is not JobState.RUNNING:
+                continue
+            d = diagnose(j.view(self.samples.get(jid, 0.0), now), tel, thresholds.cpu, thresholds.net,
+                         thresholds.side_margin)
+            mine = [type(x).__name__ for x in decisions if _job_of(view, x) == jid]
+            self._merge_status(jid, {"samplesDone": self.samples.get(jid, 0.0), "diagnosis": {
+                "bottleneck": d.bottleneck, "at": now, "decision": ", ".join(mine) or "none",
+                "evidence": {"speed": round(tel.speed, 3), "workerCpuUtil": round(d.worker_cpu_util, 3),
+                             "psCpuUtil": round(d.ps_cpu_util, 3), "netUtil": round(d.net_util, 3),
+                             "workerNetUtil": round(d.worker_net_util, 3), "cpuUsed": round(d.cpu_used, 3)}}})
+
+
+def _job_of(view: TrainingView, d: Decision) -> str | None:
+    job = getattr(d, "job", None)
+    if job is not None:
+        return job
+    cid = getattr(d, "container", None)
+    return cid.split("/", 1)[0] if cid else None

@@ -1,0 +1,195 @@
+"""``reamer k8s``: the Kubernetes components (controller, scheduler, agent) and the CRDs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from reamer.errors import InputError
+
+app = typer.Typer(no_args_is_help=True, help="Run Reamer on a Kubernetes cluster (docs/kubernetes.md).")
+log = logging.getLogger(__name__)
+
+Kubeconfig = Annotated[str | None, typer.Option(help="kubeconfig file (default: in-cluster, then ~/.kube/config)")]
+Namespace = Annotated[str, typer.Option("--namespace", "-n", help="namespace of the TrainingJobs / InferenceServices")]
+Interval = Annotated[float, typer.Option(help="seconds between control rounds")]
+MetricsPort = Annotated[int | None, typer.Option(help="serve /metrics /healthz /readyz on this port (0: any free)")]
+MetricsHost = Annotated[str, typer.Option(help="address for --metrics-port (loopback unless told)")]
+CrashAt = Annotated[list[str] | None, typer.Option(hidden=True, help="fault injection for restart tests: POINT[:N]")]
+
+
+def crds() -> list[dict]:
+    """The CustomResourceDefinitions Reamer serves (packaged with it)."""
+    d = resources.files("reamer.data") / "crds"
+    return [yaml.safe_load(f.read_text()) for f in sorted(d.iterdir(), key=lambda f: f.name) if f.name.endswith(".yaml")]
+
+
+def _connect(kubeconfig: str | None):
+    from reamer.backends.k8s.kube import Kube
+
+    try:
+        return Kube.connect(kubeconfig)
+    except Exception as e:  # a missing or broken kubeconfig: one line, exit 2
+        raise InputError(kubeconfig or "kubeconfig", "file", "a readable kubeconfig", str(e)) from None
+
+
+def _serve(component: str, interval_s: float, port: int | None, host: str, ready):
+    from reamer.runtime.k8s import Health, RoundMetrics, serve_health
+
+    health = Health(interval_s, ready=ready)
+    metrics = RoundMetrics(health.registry, component)
+    if port is not None:
+        _, bound = serve_health(health, host, port)
+        print(json.dumps({"component": component, "metrics_port": bound}), flush=True)
+    return health, metrics
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda *_: stop.set())
+    return stop
+
+
+def _fail(err: InputError) -> None:
+    print(f"error: {err}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+@app.command("install-crds")
+def install_crds(kubeconfig: Kubeconfig = None,
+                 json_out: Annotated[bool, typer.Option("--json", help="print what was done as JSON")] = False) -> None:
+    """Create or update Reamer's CustomResourceDefinitions and wait until they are served."""
+    from reamer.backends.k8s.kube import ApiError
+
+    try:
+        kube = _connect(kubeconfig)
+    except InputError as e:
+        _fail(e)
+    done = {}
+    base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    for crd in crds():
+        name = crd["metadata"]["name"]
+        try:
+            kube.create(base, crd)
+            done[name] = "created"
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            cur = kube.get(f"{base}/{name}")
+            crd["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            kube.replace(f"{base}/{name}", crd)
+            done[name] = "updated"
+    deadline = time.monotonic() + 30
+    for name in done:
+        while not any(c.get("type") == "Established" and c.get("status") == "True"
+                      for c in (kube.get(f"{base}/{name}").get("status") or {}).get("conditions") or []):
+            if time.monotonic() > deadline:
+                _fail(InputError(name, "status", "Established within 30 s", "not established"))
+            time.sleep(0.2)
+    print(json.dumps(done) if json_out else "\n".join(f"{k}: {v}" for k, v in done.items()))
+
+
+@app.command()
+def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", interval: Interval = 10.0,
+               policy: Annotated[str, typer.Option(help="training policy")] = "nearchus",
+               yield_timeout: Annotated[float, typer.Option(help="seconds a grown pod waits for inference to "
+                                                                 "leave its node")] = 60.0,
+               metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
+               rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
+               crash_at: CrashAt = None) -> None:
+    """Reconcile TrainingJobs with a training policy (NEARCHUS): pods, resizes, PS/worker changes."""
+    from reamer.backends.k8s.cluster import Informers
+    from reamer.backends.k8s.training import K8sTraining, no_fault
+    from reamer.models.profiles import shipped_profiles
+    from reamer.policies import make_policy
+    from reamer.runtime import k8s as rt
+
+    try:
+        pol = make_policy(policy, None, interval_s=interval, source="--policy", field="value")
+        kube = _connect(kubeconfig)
+    except InputError as e:
+        _fail(e)
+    inf = Informers(kube, namespace, kinds=("nodes", "pods", "jobs", "slacks")).start()
+    backend = K8sTraining(kube, inf, namespace, shipped_profiles().models, yield_timeout_s=yield_timeout,
+                          fault=rt.crash_at(crash_at) if crash_at else no_fault)
+    health, metrics = _serve("controller", interval, metrics_port, metrics_host,
+                             lambda: all(r.synced.is_set() for r in inf.reflectors.values()))
+    log.info("controller: namespace %s, policy %s, every %.1f s", namespace, policy, interval)
+    rt.loop(rt.controller_step(backend, pol, time.time), interval_s=interval, stop=_stop_on_signals(),
+            health=health, metrics=metrics, counts=lambda: backend.counts, max_rounds=rounds)
+    inf.stop()
+
+
+@app.command()
+def scheduler(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", interval: Interval = 10.0,
+              policy: Annotated[str, typer.Option(help="harvesting policy")] = "reamer",
+              stale: Annotated[float, typer.Option(help="seconds after which a node's NodeSlack is no "
+                                                        "evidence of slack")] = 30.0,
+              metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
+              rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
+              crash_at: CrashAt = None) -> None:
+    """Place and guard InferenceService pods (schedulerName: reamer) on the published slack."""
+    from reamer.backends.k8s.cluster import Informers
+    from reamer.backends.k8s.inference import K8sInference
+    from reamer.backends.k8s.training import no_fault
+    from reamer.models.profiles import shipped_profiles
+    from reamer.policies import REGISTRY, make_policy
+    from reamer.runtime import k8s as rt
+
+    prof = shipped_profiles()
+    entry = REGISTRY.get(policy)
+    opts = {"stale_s": stale} if entry is not None and "stale_s" in entry.config.model_fields else None
+    try:
+        pol = make_policy(policy, opts, kind="harvest", interval_s=interval, profiles=prof.inference,
+                          source="--policy", field="value")
+        kube = _connect(kubeconfig)
+    except InputError as e:
+        _fail(e)
+    inf = Informers(kube, namespace).start()
+    backend = K8sInference(kube, inf, namespace, prof.models, list(prof.inference), stale_s=stale,
+                           fault=rt.crash_at(crash_at) if crash_at else no_fault)
+    health, metrics = _serve("scheduler", interval, metrics_port, metrics_host,
+                             lambda: all(r.synced.is_set() for r in inf.reflectors.values()))
+    rt.loop(rt.scheduler_step(backend, pol, time.time), interval_s=interval, stop=_stop_on_signals(),
+            health=health, metrics=metrics, counts=lambda: backend.counts, max_rounds=rounds)
+    inf.stop()
+
+
+@app.command()
+def agent(node: Annotated[str, typer.Option(help="this node's name (the DaemonSet passes spec.nodeName)")],
+          kubeconfig: Kubeconfig = None, interval: Interval = 5.0,
+          cgroup_root: Annotated[Path, typer.Option(help="the node's cgroup mount")] = Path("/sys/fs/cgroup"),
+          proc_root: Annotated[Path, typer.Option(help="the node's /proc")] = Path("/proc"),
+          system_reserved: Annotated[float, typer.Option(help="cores kept for the system")] = 1.0,
+          metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
+          rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None) -> None:
+    """Measure this node's pods (cgroups, network, their metrics) and publish its NodeSlack."""
+    from reamer.backends.k8s.agent import Agent
+    from reamer.backends.local.cgroups import CgroupError
+    from reamer.runtime import k8s as rt
+
+    try:
+        kube = _connect(kubeconfig)
+        ag = Agent(kube, node, cgroup_root=cgroup_root, proc_root=proc_root, system_reserved=system_reserved)
+    except InputError as e:
+        _fail(e)
+    except CgroupError as e:
+        _fail(InputError("--cgroup-root", "value", "a mounted cgroup tree", str(e)))
+    health, metrics = _serve("agent", interval, metrics_port, metrics_host, lambda: True)
+
+    def step() -> None:
+        ag.round()
+
+    rt.loop(step, interval_s=interval, stop=_stop_on_signals(), health=health, metrics=metrics, counts=dict,
+            max_rounds=rounds)

@@ -1,0 +1,118 @@
+"""Tier A: a real kube-apiserver 1.20.2 (+ kube-controller-manager for garbage collection)
+and etcd on free loopback ports, one per test session. The binaries are built once per
+machine by ``tools/k8s/build.sh`` (cached outside the repository); a machine that cannot
+build them skips these tests and says why. There is no kubelet: :class:`Kubelet` plays it
+(pod status, forced deletion of terminating pods), and tests publish NodeSlacks as the agent
+would."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.devcluster import DEFAULT_CACHE, DevCluster, find_binaries
+from reamer.backends.k8s.kube import ApiError, Kube, custom, nodes, pods
+from reamer.cli.k8s import crds
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _binaries() -> tuple[Path | None, str]:
+    bin_dir, why = find_binaries()
+    if bin_dir is not None:
+        return bin_dir, ""
+    if shutil.which("apt-get") is None:
+        return None, f"{why} (and no apt-get here to build them)"
+    print(f"\nbuilding kube-apiserver 1.20.2 once into {DEFAULT_CACHE} (several minutes) ...", flush=True)
+    r = subprocess.run([str(REPO / "tools" / "k8s" / "build.sh")], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, f"tools/k8s/build.sh failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
+    return find_binaries()
+
+
+@pytest.fixture(scope="session")
+def devcluster(tmp_path_factory) -> DevCluster:
+    bin_dir, why = _binaries()
+    if bin_dir is None:
+        pytest.skip(f"no kube-apiserver: {why}")
+    dc = DevCluster(bin_dir, tmp_path_factory.mktemp("apiserver"), extra_users={"alice": ("devs",)}).start()
+    kube = Kube.connect(str(dc.kubeconfig()))
+    base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    for crd in crds():
+        kube.create(base, crd)
+    for crd in crds():
+        name = crd["metadata"]["name"]
+        deadline = time.monotonic() + 30
+        while not any(c.get("type") == "Established" and c.get("status") == "True"
+                      for c in (kube.get(f"{base}/{name}").get("status") or {}).get("conditions") or []):
+            assert time.monotonic() < deadline, f"{name} not established"
+            time.sleep(0.1)
+    yield dc
+    dc.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(devcluster) -> Kube:
+    return Kube.connect(str(devcluster.kubeconfig()))
+
+
+@pytest.fixture
+def ns(kube) -> str:
+    """A fresh namespace, and no nodes or NodeSlacks left from an earlier test."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    for n in kube.list(nodes())[0]:
+        kube.delete(nodes(ko.meta(n)["name"]))
+    for s in kube.list(custom("nodeslacks"))[0]:
+        kube.delete(custom("nodeslacks", name=ko.meta(s)["name"]))
+    return name
+
+
+def make_node(kube: Kube, name: str, cpu: float, mem_gi: int = 64, gpus: int = 0, nic_gbps: float = 10.0) -> dict:
+    alloc = {"cpu": str(cpu), "memory": f"{mem_gi}Gi", "pods": "110"}
+    if gpus:
+        alloc["nvidia.com/gpu"] = str(gpus)
+    return kube.create(nodes(), {"metadata": {"name": name, "labels": {"reamer.io/nic-gbps": str(nic_gbps)}},
+                                 "status": {"capacity": alloc, "allocatable": alloc}})
+
+
+class Kubelet:
+    """Plays the kubelet of every node: pods Running and Ready, terminating pods gone."""
+
+    def __init__(self, kube: Kube, ns: str) -> None:
+        self.kube, self.ns = kube, ns
+
+    def sync(self, ready: bool = True) -> None:
+        for p in self.kube.list(pods(self.ns))[0]:
+            m = ko.meta(p)
+            if m.get("deletionTimestamp"):
+                self.kube.delete(pods(self.ns, m["name"]), grace_s=0)
+            elif (p.get("spec") or {}).get("nodeName") and ready and not ko.ready(p):
+                self.kube.merge_patch(pods(self.ns, m["name"], "status"), {"status": {
+                    "phase": "Running", "podIP": "127.0.0.1", "qosClass": "Burstable",
+                    "conditions": [{"type": "Ready", "status": "True"}]}})
+
+    def finish(self, name: str) -> None:
+        self.kube.merge_patch(pods(self.ns, name, "status"), {"status": {"phase": "Succeeded"}})
+
+
+def publish_slack(kube: Kube, node: str, *, reported_at: float, window_s: float = 5.0, pods_: list[dict] = (),
+                  cores: float = 16.0, training_need: float = 0.0) -> None:
+    """A NodeSlack as the agent would publish it."""
+    path = custom("nodeslacks", name=node)
+    try:
+        kube.create(custom("nodeslacks"), {"apiVersion": "reamer.io/v1alpha1", "kind": "NodeSlack",
+                                           "metadata": {"name": node}, "spec": {}})
+    except ApiError as e:
+        if e.status != 409:
+            raise
+    kube.merge_patch(path + "/status", {"status": {
+        "reportedAt": reported_at, "windowSeconds": window_s, "cores": cores, "systemReserved": 0.0,
+        "systemUsed": 0.0, "trainingUsed": sum(p.get("cpuUsed", 0.0) for p in pods_), "trainingNeed": training_need,
+        "slack": max(0.0, cores - training_need), "pods": list(pods_)}})

@@ -1,0 +1,184 @@
+"""Tier A: the TrainingJob controller (NEARCHUS) against a real kube-apiserver 1.20.2."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import Kubelet, make_node, publish_slack
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.cluster import Informers
+from reamer.backends.k8s.kube import ApiError, custom, pods, services
+from reamer.backends.k8s.training import K8sTraining
+from reamer.domain import Resize, Resources
+from reamer.models.profiles import shipped_profiles
+from reamer.policies import make_policy
+from reamer.runtime.k8s import controller_step
+
+MODELS = shipped_profiles().models
+
+
+def training_job(name: str, ps: int = 1, workers: int = 2, cpu: str = "2", **spec) -> dict:
+    role = lambda n: {"replicas": n, "resources": {"cpu": cpu, "memory": "2Gi"},  # noqa: E731
+                      "template": {"metadata": {"labels": {"team": "vision"}},
+                                   "spec": {"containers": [{"name": "train", "image": "reamer/ps-training"}]}}}
+    return {"apiVersion": "reamer.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+            "spec": {"model": "resnet50", "samples": 1e6, "ps": role(ps), "worker": role(workers), **spec}}
+
+
+class Controller:
+    """The controller's backend and a policy, one round at a time (informers re-listed first)."""
+
+    def __init__(self, kube, ns, policy="nearchus", **kw) -> None:
+        self.inf = Informers(kube, ns, kinds=("nodes", "pods", "jobs", "slacks")).start()
+        self.backend = K8sTraining(kube, self.inf, ns, MODELS, **kw)
+        self.policy = make_policy(policy, None, interval_s=5.0)
+        self.step = controller_step(self.backend, self.policy, time.time)
+
+    def round(self):
+        """One round as the component runs it (control round + status report); its Round."""
+        self.inf.sync()
+        return self.step()
+
+    def stop(self):
+        self.inf.stop()
+
+
+@pytest.fixture
+def controller(kube, ns):
+    made = []
+
+    def make(**kw):
+        c = Controller(kube, ns, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def job_pods(kube, ns, job):
+    return [p for p in kube.list(pods(ns), label_selector=f"reamer.io/job={job}")[0] if not ko.deleting(p)]
+
+
+def test_trainingjob_gets_pods_of_requested_shape(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    kube.create(custom("trainingjobs", ns), training_job("cifar", ps=1, workers=2, cpu="3"))
+    c = controller()
+    rnd = c.round()
+    assert [type(d).__name__ for d in rnd.decisions] == ["StartJob"]
+    ps = job_pods(kube, ns, "cifar")
+    roles = sorted(ko.labels(p)[ko.ROLE] for p in ps)
+    assert roles == ["ps", "worker", "worker"]
+    tj = kube.get(custom("trainingjobs", ns, "cifar"))
+    for p in ps:
+        main = p["spec"]["containers"][0]
+        assert main["resources"]["requests"]["cpu"] == "3" or ko.quantity(main["resources"]["requests"]["cpu"], "") == 3
+        assert ko.pod_cpu_limit(p) == 3.0
+        assert p["spec"]["nodeName"] == "node-a"
+        assert p["metadata"]["ownerReferences"][0]["uid"] == tj["metadata"]["uid"]
+        assert p["metadata"]["labels"]["team"] == "vision"
+        env = {e["name"]: e["value"] for e in main["env"]}
+        assert env["REAMER_PS_HOSTS"] == "ps0.cifar:7000" and env["REAMER_WORKER_HOSTS"].count(",") == 1
+    st = tj["status"]
+    assert (st["phase"], st["ps"], st["workers"], st["cores"], st["epoch"]) == ("Running", 1, 2, 9.0, 1)
+    assert kube.get(services(ns, "cifar"))["spec"]["clusterIP"] == "None"
+    c.round()  # idempotent: nothing new, nothing duplicated
+    assert len(job_pods(kube, ns, "cifar")) == 3
+
+
+def _report(kube, ns, node, job, t, *, ps_net, worker_net, samples, rate, cpu_used=1.0):
+    entries = []
+    for p in job_pods(kube, ns, job):
+        if p["spec"]["nodeName"] != node:
+            continue
+        role = ko.labels(p)[ko.ROLE]
+        e = {"namespace": ns, "name": p["metadata"]["name"], "cpuUsed": cpu_used, "cpuLimit": ko.pod_cpu_limit(p),
+             "throttledRatio": 0.0, "netGbps": ps_net if role == "ps" else worker_net, "netCapacityGbps": 10.0}
+        if role == "worker":
+            e["metrics"] = {"reamer_train_samples_total": samples, "reamer_train_samples_total:rate": rate}
+        entries.append(e)
+    publish_slack(kube, node, reported_at=t, window_s=0.04, pods_=entries, cores=32)
+
+
+def test_network_bound_job_gets_a_ps(kube, ns, controller):
+    for n in ("node-a", "node-b"):
+        make_node(kube, n, 32)
+    kube.create(custom("trainingjobs", ns), training_job("netjob", ps=1, workers=2, cpu="2"))
+    c = controller()
+    kubelet = Kubelet(kube, ns)
+    c.round()
+    kubelet.sync()
+    added = None
+    for i in range(6):
+        time.sleep(0.05)
+        t = time.time()
+        for n in ("node-a", "node-b"):
+            _report(kube, ns, n, "netjob", t, ps_net=9.5, worker_net=2.0, samples=1000.0 * (i + 1), rate=100.0)
+        rnd = c.round()
+        added = next((d for d in rnd.decisions if type(d).__name__ == "AddContainer"), None)
+        if added:
+            break
+    assert added is not None and added.placement.role.value == "ps", "NEARCHUS did not add a PS"
+    st = kube.get(custom("trainingjobs", ns, "netjob"))["status"]
+    assert st["ps"] == 2 and st["epoch"] == 2
+    assert st["diagnosis"]["bottleneck"] == "network" and st["diagnosis"]["evidence"]["netUtil"] >= 0.9
+    # the old epoch goes first (its pods checkpoint); the new shape's pods come once they are gone
+    assert {ko.labels(p)[ko.EPOCH] for p in job_pods(kube, ns, "netjob")} <= {"1"}
+    kubelet.sync()
+    c.round()
+    new = job_pods(kube, ns, "netjob")
+    assert sorted(ko.labels(p)[ko.ROLE] for p in new) == ["ps", "ps", "worker", "worker"]
+    assert {ko.labels(p)[ko.EPOCH] for p in new} == {"2"}
+    env = {e["name"]: e["value"] for e in new[0]["spec"]["containers"][0]["env"]}
+    assert env["REAMER_PS_HOSTS"].count(",") == 1
+
+
+def test_resize_falls_back_to_recreate_on_1_20(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    kube.create(custom("trainingjobs", ns), training_job("grow", ps=1, workers=1, cpu="2"))
+    c = controller(policy="static")
+    c.round()
+    Kubelet(kube, ns).sync()
+    c.inf.sync()
+    c.backend.observe(time.time())
+    worker = next(cid for cid in c.backend.view.state.owner if "/worker" in cid)
+    c.backend.actuate([Resize(worker, Resources(5.0, 2048.0))], time.time())
+    st = kube.get(custom("trainingjobs", ns, "grow"))["status"]
+    rec = next(x for x in st["containers"] if x["role"] == "worker")
+    assert rec["cpu"] == 5.0 and rec["pod"].endswith("-r1"), rec  # 1.20: no pods/resize → a new pod
+    assert c.backend.counts["recreates"] == 1
+    Kubelet(kube, ns).sync()
+    c.round()
+    ws = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
+    assert [ko.meta(p)["name"] for p in ws] == [rec["pod"]] and ko.pod_cpu_limit(ws[0]) == 5.0
+
+
+def test_schema_violations_are_rejected_by_the_api_server(kube, ns):
+    bad = training_job("bad")
+    bad["spec"]["worker"]["replicas"] = 0
+    bad["spec"]["samples"] = -5
+    with pytest.raises(ApiError) as e:
+        kube.create(custom("trainingjobs", ns), bad)
+    assert e.value.status == 422
+    assert "spec.worker.replicas" in e.value.message and "spec.samples" in e.value.message
+
+
+def test_semantically_invalid_jobs_get_a_condition_and_the_controller_keeps_running(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    minmax = training_job("minmax")
+    minmax["spec"]["ps"].update(min=3, max=2)
+    unknown = training_job("unknown")
+    unknown["spec"]["model"] = "alexnet-9000"
+    for tj in (minmax, unknown, training_job("fine")):
+        kube.create(custom("trainingjobs", ns), tj)
+    c = controller()
+    c.round()
+    for name, reason, field in (("minmax", "MinAboveMax", "spec.ps"), ("unknown", "UnknownModel", "spec.model")):
+        st = kube.get(custom("trainingjobs", ns, name))["status"]
+        cond = next(x for x in st["conditions"] if x["type"] == "Invalid")
+        assert st["phase"] == "Invalid" and cond["reason"] == reason and field in cond["message"]
+    assert kube.get(custom("trainingjobs", ns, "fine"))["status"]["phase"] == "Running"
+    assert not job_pods(kube, ns, "minmax") and not job_pods(kube, ns, "unknown")
