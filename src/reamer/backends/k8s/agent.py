@@ -43,6 +43,14 @@ def cpu_hierarchy(root: Path, version: int) -> Path:
     raise CgroupError(root / "cpu", "a mounted cgroup-v1 cpu hierarchy", "directory missing")
 
 
+def usage_hierarchy(root: Path, top: Path, version: int) -> Path:
+    """Where ``cpuacct.usage`` lives: ``top`` (v2, or v1 with cpu and cpuacct co-mounted), else
+    the separately mounted v1 ``cpuacct`` hierarchy."""
+    if version == 2 or (top / "cpuacct.usage").exists() or not (root / "cpuacct").is_dir():
+        return top
+    return root / "cpuacct"
+
+
 def pod_cgroup(top: Path, uid: str, qos: str | None = None) -> Path | None:
     """The pod's cgroup directory under ``top`` (the CPU hierarchy), whatever the driver:
     cgroupfs ``kubepods[/burstable|/besteffort]/pod<uid>`` or systemd
@@ -172,6 +180,7 @@ class Agent:
         self.cgroup_root, self.proc_root = cgroup_root, proc_root
         self.version = detect_version(cgroup_root)
         self.top = cpu_hierarchy(cgroup_root, self.version)
+        self.usage_top = usage_hierarchy(cgroup_root, self.top, self.version)
         self.system_reserved, self.nic_gbps, self.clock, self.scrape_host = system_reserved, nic_gbps, clock, scrape_host
         self._prev: dict[str, _Prev] = {}
         self._last: float | None = None
@@ -223,7 +232,7 @@ class Agent:
         cpu_used = 0.0
         if d is not None:
             try:
-                cpu = read_cpu_stats(d, self.version)
+                cpu = read_cpu_stats(d, self.version, self.usage_top / d.relative_to(self.top))
             except CgroupError as err:
                 log.info("pod %s: %s", m["name"], err)
             pids = procs(d)
@@ -253,7 +262,7 @@ class Agent:
         """Cores used outside the pods: the whole machine's use (root cgroup) less the pods'."""
         try:
             if self.version == 1:
-                total = int((self.top / "cpuacct.usage").read_text()) / 1e9
+                total = int((self.usage_top / "cpuacct.usage").read_text()) / 1e9
             else:
                 total = ko.quantity(dict(ln.split() for ln in (self.top / "cpu.stat").read_text().splitlines())
                                     ["usage_usec"], "usage_usec") / 1e6

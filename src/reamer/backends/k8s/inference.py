@@ -152,11 +152,12 @@ class K8sInference:
         self.converge(now)
 
     def _carry(self, e, now: float) -> None:
-        if isinstance(e, StartReplica):
-            self._create(e.replica, None)
-        elif isinstance(e, MoveReplica):
-            self.counts["migrations"] += 1
-            self._create(e.new, self.pod_of[e.old.id])
+        if isinstance(e, StartReplica | MoveReplica):
+            new, old = (e.replica, None) if isinstance(e, StartReplica) else (e.new, self.pod_of[e.old.id])
+            if self._create(new, old):
+                self.counts["migrations"] += isinstance(e, MoveReplica)
+            else:
+                self.state.undo(e)  # refused at bind: the state is again what runs
         elif isinstance(e, SetReplicaQuota):
             name = self.pod_of[e.replica.id]
             try:
@@ -187,7 +188,8 @@ class K8sInference:
         p = self.informers.reflectors["pods"].get(f"{self.ns}/{pod_name}") or {}
         return (((p.get("spec") or {}).get("containers") or [{}])[0]).get("name", "serve")
 
-    def _create(self, r: Replica, replaces: str | None) -> None:
+    def _create(self, r: Replica, replaces: str | None) -> bool:
+        """Create and bind the replica's pod; False when the bind was refused (pod dropped)."""
         pod = ko.inference_pod(self.crs[r.id.split("/", 1)[0]], r, replaces)
         try:
             new = self.kube.create(pods(self.ns), pod)
@@ -197,31 +199,38 @@ class K8sInference:
                 raise
             new = self.kube.get(pods(self.ns, pod["metadata"]["name"]))
         self.fault("after-create")
-        self._bind(new)
+        if not self._bind(new):
+            return False
         if replaces:
             self.fault("mid-migration")
+        return True
 
     # ------------------------------------------------------------------ converge
     def fresh(self, node: str, now: float) -> bool:
         st = ((self.objs.slacks.get(node) if self.objs else None) or {}).get("status") or {}
         return "reportedAt" in st and now - float(st["reportedAt"]) <= self.stale_s
 
-    def _bind(self, pod: dict) -> None:
+    def _bind(self, pod: dict) -> bool:
+        """Bind a targeted pod to its node unless that node's agent is stale (then the pod,
+        which never served, is deleted). True when the pod is bound."""
         m = ko.meta(pod)
         node = ko.annotations(pod).get(ko.TARGET)
-        if (pod.get("spec") or {}).get("nodeName") or not node:
-            return
+        if (pod.get("spec") or {}).get("nodeName"):
+            return True
+        if not node:
+            return False
         if not self.fresh(node, self.clock()):
             self.counts["bind_refused_stale"] += 1
             log.warning("not binding %s: the agent of %s is stale; the pod is dropped", m["name"], node)
             self.kube.delete(pods(self.ns, m["name"]), grace_s=0, uid=m.get("uid"))
-            return
+            return False
         try:
             self.kube.bind(self.ns, m["name"], node, uid=m.get("uid"))
             self.counts["binds"] += 1
         except ApiError as err:
             if err.status != 409:
                 raise
+        return True
 
     def converge(self, now: float) -> None:
         """Finish what the pods say is half done: bind targeted pods, delete a replaced pod

@@ -243,8 +243,14 @@ class K8sTraining:
         self._ensure_service(tj)
         older = any(ko.labels(p).get(ko.EPOCH) != str(epoch) for p in existing.values())
         busy = {ko.labels(p).get(ko.CONTAINER) for n, p in existing.items() if n not in desired}
+        since = j.last_change_s if j.last_change_s is not None else now
         waiting, created = [], 0
         for name, c in desired.items():
+            node = view.state.node_by_name[c.node]
+            room = node.cores - view.state.cpu_limits(c.node) - inference.get(c.node, 0.0)
+            if room < -1e-6 and now - since < self.yield_timeout_s:
+                waiting.append(c.node)  # inference moves first; the pod keeps its old shape meanwhile
+                continue
             p = existing.get(name)
             if p is not None:
                 if not ko.deleting(p):
@@ -252,12 +258,6 @@ class K8sTraining:
                 continue
             if older or ko.short(c.id) in busy:
                 continue  # the old incarnation checkpoints and goes first
-            node = view.state.node_by_name[c.node]
-            room = node.cores - view.state.cpu_limits(c.node) - inference.get(c.node, 0.0)
-            since = j.last_change_s if j.last_change_s is not None else now
-            if room < -1e-6 and now - since < self.yield_timeout_s:
-                waiting.append(c.node)
-                continue
             pod = ko.training_pod(tj, j.spec, c, list(j.containers.values()), epoch, name)
             try:
                 new = self.kube.create(pods(self.ns), pod)

@@ -1,0 +1,370 @@
+"""The node agent (``reamer.backends.k8s.agent``): finding pod and container cgroups, turning
+scraped Prometheus families into published metrics, reading a process's network bytes, and
+(root only) measuring a real, CFS-throttled cgroup-v1 pod cgroup."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from reamer.backends.k8s.agent import (
+    Agent,
+    container_cgroups,
+    cpu_hierarchy,
+    net_bytes,
+    pod_cgroup,
+    scrape,
+    summarize,
+)
+from reamer.workloads.real.inference_server import Metrics
+
+UID = "3f2a9c1e-7b4d-4e8a-9f10-0123456789ab"
+OTHER = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+
+
+# ----------------------------------------------------------------------------- pod_cgroup
+# The trees below are a fake layout of plain directories under tmp_path, laid out the way a
+# kubelet lays out pod cgroups: a real kubelet (and its cgroups) is not available here.
+def _layout(driver: str, qos: str, uid: str) -> tuple[str, ...]:
+    u = uid.replace("-", "_")
+    if driver == "systemd":
+        return {
+            "Guaranteed": ("kubepods.slice", f"kubepods-pod{u}.slice"),
+            "Burstable": ("kubepods.slice", "kubepods-burstable.slice", f"kubepods-burstable-pod{u}.slice"),
+            "BestEffort": ("kubepods.slice", "kubepods-besteffort.slice", f"kubepods-besteffort-pod{u}.slice"),
+        }[qos]
+    return {
+        "Guaranteed": ("kubepods", f"pod{uid}"),
+        "Burstable": ("kubepods", "burstable", f"pod{uid}"),
+        "BestEffort": ("kubepods", "besteffort", f"pod{uid}"),
+    }[qos]
+
+
+def _fake_top(tmp_path: Path, version: int) -> Path:
+    """A fake cgroup root of ``version`` and the CPU hierarchy the agent would search."""
+    root = tmp_path / f"cg{version}"
+    if version == 2:
+        root.mkdir()
+        (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    else:
+        (root / "cpu,cpuacct").mkdir(parents=True)
+        (root / "memory").mkdir()
+    return cpu_hierarchy(root, version)
+
+
+QOS = ("Guaranteed", "Burstable", "BestEffort")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("driver", ["systemd", "cgroupfs"])
+@pytest.mark.parametrize("qos", QOS)
+@pytest.mark.parametrize("hint", [False, True], ids=["no-hint", "hint"])
+def test_pod_cgroup_finds_every_layout(tmp_path, version, driver, qos, hint):
+    top = _fake_top(tmp_path, version)
+    want = top.joinpath(*_layout(driver, qos, UID))
+    want.mkdir(parents=True)
+    (want / "cri-containerd-" f"{'a' * 64}.scope").mkdir()
+    # another pod in every other class of the same driver: the search must not return it
+    for q in QOS:
+        if q != qos:
+            top.joinpath(*_layout(driver, q, OTHER)).mkdir(parents=True)
+    assert pod_cgroup(top, UID, qos if hint else None) == want
+    assert pod_cgroup(top, OTHER, qos if hint else None) != want
+
+
+@pytest.mark.parametrize("driver", ["systemd", "cgroupfs"])
+def test_pod_cgroup_wrong_hint_still_found_and_unknown_uid_is_none(tmp_path, driver):
+    top = _fake_top(tmp_path, 2)
+    want = top.joinpath(*_layout(driver, "BestEffort", UID))
+    want.mkdir(parents=True)
+    assert pod_cgroup(top, UID, "Guaranteed") == want
+    assert pod_cgroup(top, UID, "NoSuchClass") == want
+    assert pod_cgroup(top, OTHER) is None
+    assert pod_cgroup(top, OTHER, "BestEffort") is None
+    # a file in the pod's place is not a cgroup
+    top.joinpath(*_layout(driver, "Burstable", OTHER)).parent.mkdir(parents=True, exist_ok=True)
+    top.joinpath(*_layout(driver, "Burstable", OTHER)).write_text("")
+    assert pod_cgroup(top, OTHER, "Burstable") is None
+
+
+# ----------------------------------------------------------------------------- container_cgroups
+def test_container_cgroups_recognises_runtimes_and_ignores_the_rest(tmp_path):
+    pod = tmp_path / "kubepods" / "burstable" / f"pod{UID}"
+    ids = {rt: (c * 64) for rt, c in zip(("containerd", "crio", "docker", "bare"), "abcd", strict=True)}
+    want = {
+        ids["containerd"]: pod / f"cri-containerd-{ids['containerd']}.scope",
+        ids["crio"]: pod / f"crio-{ids['crio']}.scope",
+        ids["docker"]: pod / f"docker-{ids['docker']}.scope",
+        ids["bare"]: pod / ids["bare"],  # cgroupfs driver: the container id itself
+    }
+    for d in want.values():
+        d.mkdir(parents=True)
+    for junk in (f"crio-conmon-{'e' * 64}.scope", "init.scope", "kubepods-besteffort.slice", "not-a-container",
+                 f"podman-{'f' * 64}.scope", "abc"):
+        (pod / junk).mkdir()
+    (pod / ("9" * 64)).write_text("")  # a file, not a cgroup
+    (pod / "cgroup.procs").write_text("")
+    assert container_cgroups(pod) == want
+
+
+# ----------------------------------------------------------------------------- scrape + summarize
+class _Metrics(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = self.server.body.encode()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[ThreadingHTTPServer, str]]:
+    """A tiny /metrics server on 127.0.0.1 (free port) serving whatever ``server.body`` holds."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    srv.body = ""  # type: ignore[attr-defined]
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv, f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+
+
+def test_summarize_counter_histogram_gauge_from_real_scrapes(endpoint):
+    srv, url = endpoint
+    reg = CollectorRegistry()
+    reqs = Counter("reamer_requests", "requests", registry=reg)
+    lat = Histogram("reamer_latency_seconds", "latency", buckets=(0.01, 0.1, 0.5, 1.0), registry=reg)
+    depth = Gauge("reamer_queue_depth", "queue", registry=reg)
+    Counter("other_requests", "not Reamer's", registry=reg).inc(5)
+
+    # before the window: 10 requests, 1000 slow ones (le=1.0): they must not count in the window's p99
+    reqs.inc(10)
+    for _ in range(1000):
+        lat.observe(0.8)
+    depth.set(3)
+    srv.body = generate_latest(reg).decode()
+    before = scrape(url)
+    assert "other_requests" not in before and "reamer_requests" in before
+    first = summarize(before, None, 0.0)
+    assert first["reamer_requests_total"] == 10
+    assert first["reamer_queue_depth"] == 3
+    assert not [k for k in first if k.endswith((":rate", ":p99"))], first  # no previous scrape
+
+    # the window (2 s): 30 more requests, 50 observations all in the (0.1, 0.5] bucket
+    reqs.inc(30)
+    for _ in range(50):
+        lat.observe(0.3)
+    depth.set(7)
+    srv.body = generate_latest(reg).decode()
+    now = scrape(url)
+    out = summarize(now, before, 2.0)
+    assert out["reamer_requests_total"] == 40
+    assert out["reamer_requests_total:rate"] == pytest.approx(15.0)
+    assert out["reamer_latency_seconds:p99"] == 0.5  # the window's bucket, not the cumulative 1.0
+    assert out["reamer_queue_depth"] == 7
+    assert summarize(now, None, 2.0).get("reamer_latency_seconds:p99") is None
+    assert "reamer_requests_total:rate" not in summarize(now, before, 0.0)
+
+    # p99 is the first edge holding ≥ 99% of the window: 99 fast + 1 slow → the fast bucket
+    before = now
+    for _ in range(99):
+        lat.observe(0.05)
+    lat.observe(0.9)
+    srv.body = generate_latest(reg).decode()
+    assert summarize(scrape(url), before, 1.0)["reamer_latency_seconds:p99"] == 0.1
+
+
+def test_summarize_inference_server_format(endpoint):
+    """The repo's own inference server text: labelled counters sum; its histograms give a p99."""
+    srv, url = endpoint
+    m = Metrics()
+    for code in (200, 200, 500):
+        m.count(code)
+    srv.body = m.render(threads=2, max_batch=16, max_wait_ms=5)
+    before = scrape(url)
+    for code in (200,) * 8 + (503, 503):
+        m.count(code)
+    for _ in range(10):
+        m.latency.observe(0.02)  # (0.01, 0.025]
+    srv.body = m.render(threads=2, max_batch=16, max_wait_ms=5)
+    out = summarize(scrape(url), before, 5.0)
+    assert out["reamer_infer_requests_total"] == 13
+    assert out["reamer_infer_requests_total:rate"] == pytest.approx(2.0)
+    assert out["reamer_infer_request_latency_seconds:p99"] == 0.025
+    assert "reamer_infer_run_seconds:p99" not in out  # nothing observed in the window
+    assert out["reamer_infer_threads"] == 2 and out["reamer_infer_max_wait_seconds"] == 0.005
+
+
+# ----------------------------------------------------------------------------- net_bytes
+def test_net_bytes_of_a_real_process():
+    n = net_bytes(Path("/proc"), os.getpid())
+    assert isinstance(n, int) and n >= 0
+    assert net_bytes(Path("/proc"), 2**22 + 1) is None  # above pid_max: no such process
+
+
+def test_net_bytes_excludes_loopback(tmp_path):
+    dev = tmp_path / "42" / "net"
+    dev.mkdir(parents=True)
+    (dev / "dev").write_text(
+        "Inter-|   Receive                                                |  Transmit\n"
+        " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+        "    lo: 999999    100    0    0    0     0          0         0   999999     100    0    0    0     0       0          0\n"
+        "  eth0:   1000     10    0    0    0     0          0         0     234       3    0    0    0     0       0          0\n"
+        "  eth1:     10      1    0    0    0     0          0         0       5       1    0    0    0     0       0          0\n"
+    )
+    assert net_bytes(tmp_path, 42) == 1000 + 234 + 10 + 5
+
+
+# ----------------------------------------------------------------------------- Agent.measure
+class FakeKube:
+    """Stands in for the API server only (its paths are covered by the tier-A tests): one node
+    and the pods on it."""
+
+    def __init__(self, pods: list[dict], cpu: str = "2") -> None:
+        self.pods = pods
+        self.node = {"metadata": {"name": "n1", "labels": {}}, "status": {"allocatable": {"cpu": cpu}}}
+        self.selectors: list[str | None] = []
+
+    def get(self, path: str) -> dict:
+        assert path.endswith("/nodes/n1"), path
+        return self.node
+
+    def list(self, path: str, field_selector: str | None = None):
+        assert path == "/api/v1/pods", path
+        self.selectors.append(field_selector)
+        return list(self.pods), "1"
+
+
+def _pod(uid: str, cpu_limit: str = "500m") -> dict:
+    return {
+        "metadata": {"uid": uid, "name": "j-worker-0", "namespace": "default", "labels": {"reamer.io/job": "j"}},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"cpu": cpu_limit}}}]},
+        "status": {"phase": "Running", "qosClass": "Burstable"},
+    }
+
+
+def test_measure_separate_cpu_and_cpuacct_mounts(tmp_path):
+    """cgroup v1 with cpu and cpuacct mounted apart (as on this machine): usage comes from the
+    cpuacct hierarchy's copy of the pod's path (a fake tree of files, a controllable clock)."""
+    root = tmp_path / "cg"
+    rel = Path("kubepods", "burstable", f"pod{UID}")
+    cpu, acct = root / "cpu" / rel, root / "cpuacct" / rel
+    cpu.mkdir(parents=True)
+    acct.mkdir(parents=True)
+    (root / "cpuacct" / "cpuacct.usage").write_text("0")
+
+    def write(usage_ns: int, periods: int, throttled: int) -> None:
+        (cpu / "cpu.stat").write_text(f"nr_periods {periods}\nnr_throttled {throttled}\nthrottled_time 0\n")
+        (acct / "cpuacct.usage").write_text(str(usage_ns))
+
+    t = [100.0]
+    agent = Agent(FakeKube([_pod(UID)]), "n1", cgroup_root=root, clock=lambda: t[0])
+    write(0, 0, 0)
+    agent.measure()
+    t[0] += 2.0
+    write(int(1.0e9), 20, 15)
+    (root / "cpuacct" / "cpuacct.usage").write_text(str(int(3.0e9)))  # the whole machine: 1.5 cores
+    status = agent.measure()
+    (e,) = status["pods"]
+    assert e["cpuUsed"] == pytest.approx(0.5)
+    assert e["throttledRatio"] == pytest.approx(0.75)
+    assert status["systemUsed"] == pytest.approx(1.0)  # 1.5 - the pod's 0.5
+
+
+REAL = Path("/sys/fs/cgroup")
+
+
+def _real_v1_hierarchies() -> tuple[Path, Path]:
+    """(cpu, cpuacct) hierarchy roots of the real v1 tree (the same one when co-mounted)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to write cgroups")
+    if (REAL / "cgroup.controllers").exists():
+        pytest.skip(f"{REAL} is cgroup v2; this test drives the v1 layout")
+    for d in ("cpu,cpuacct", "cpuacct,cpu"):
+        if (REAL / d).is_dir():
+            return REAL / d, REAL / d
+    if (REAL / "cpu" / "cpu.stat").exists() and (REAL / "cpuacct" / "cpuacct.usage").exists():
+        return REAL / "cpu", REAL / "cpuacct"
+    pytest.skip(f"{REAL} has no cgroup-v1 cpu and cpuacct hierarchies")
+
+
+@pytest.mark.privileged
+def test_measure_real_throttled_v1_pod_cgroup():
+    # The FakeKube stands in for the API server only; the pod cgroup below is real (kernel
+    # accounting and CFS throttling of a busy child process).
+    cpu_h, acct_h = _real_v1_hierarchies()
+    uid = str(uuid.uuid4())
+    rel = Path("kubepods", "burstable", f"pod{uid}")
+    hiers = list(dict.fromkeys((cpu_h, acct_h)))
+    made: list[Path] = []
+    busy = None
+    try:
+        for h in hiers:
+            d = h
+            for part in rel.parts:
+                d = d / part
+                if not d.exists():
+                    try:
+                        d.mkdir()
+                    except OSError as err:
+                        pytest.skip(f"cgroups not writable here: {d}: {err}")
+                    made.append(d)
+        pod_cpu = cpu_h / rel
+        (pod_cpu / "cpu.cfs_period_us").write_text("100000")
+        (pod_cpu / "cpu.cfs_quota_us").write_text("50000")  # 0.5 core
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for h in hiers:
+            (h / rel / "cgroup.procs").write_text(str(busy.pid))
+        assert str(busy.pid) in (pod_cpu / "cgroup.procs").read_text().split()
+
+        kube = FakeKube([_pod(uid)])
+        agent = Agent(kube, "n1", cgroup_root=REAL)
+        agent.measure()
+        time.sleep(1.0)
+        status = agent.measure()
+        assert kube.selectors == ["spec.nodeName=n1"] * 2
+        (e,) = status["pods"]
+        assert e["uid"] == uid and e["cpuLimit"] == 0.5
+        assert 0.3 <= e["cpuUsed"] <= 0.6, e
+        assert e["throttledRatio"] > 0.5, e
+        assert status["trainingUsed"] == pytest.approx(e["cpuUsed"])
+        assert status["windowSeconds"] == pytest.approx(1.0, abs=0.3)
+        assert "netGbps" in e  # the busy process's network namespace was read
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait(timeout=10)
+        for d in reversed(made):  # children first
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except OSError as err:  # the killed process may take a moment to leave
+                    if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)

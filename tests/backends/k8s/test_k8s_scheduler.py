@@ -1,0 +1,152 @@
+"""Tier A: the reamer scheduler (Cloud Reamer) and the joint order against a real
+kube-apiserver 1.20.2: inference pods are bound only where an agent reports slack, and a
+growing training job waits while inference moves make-before-break."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import Kubelet, make_node, publish_slack
+from test_k8s_controller import Controller, job_pods, training_job
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.cluster import Informers
+from reamer.backends.k8s.inference import K8sInference
+from reamer.backends.k8s.kube import custom, pods
+from reamer.domain import Resize, Resources
+from reamer.domain.inference import PlaceReplica
+from reamer.models.profiles import shipped_profiles
+from reamer.policies import make_policy
+from reamer.runtime.k8s import scheduler_step
+
+PROFILES = shipped_profiles()
+
+
+def inference_service(name: str, rate: float = 20.0, slo_ms: float = 250.0, **spec) -> dict:
+    return {"apiVersion": "reamer.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
+            "spec": {"model": "resnet50", "sloP99Ms": slo_ms, "memoryMiB": 1024, "ratePerSecond": rate,
+                     "template": {"spec": {"containers": [{"name": "serve", "image": "reamer/inference"}]}}, **spec}}
+
+
+class Scheduler:
+    def __init__(self, kube, ns, stale_s: float = 30.0) -> None:
+        self.inf = Informers(kube, ns).start()
+        self.backend = K8sInference(kube, self.inf, ns, PROFILES.models, list(PROFILES.inference), stale_s=stale_s)
+        self.policy = make_policy("reamer", {"stale_s": stale_s, "stable_s": 0.0}, kind="harvest", interval_s=5.0,
+                                  profiles=PROFILES.inference)
+        self.step = scheduler_step(self.backend, self.policy, time.time)
+
+    def round(self):
+        self.inf.sync()
+        return self.step()
+
+    def stop(self):
+        self.inf.stop()
+
+
+@pytest.fixture
+def components(kube, ns):
+    made = []
+
+    def make(kind, **kw):
+        c = (Scheduler if kind == "scheduler" else Controller)(kube, ns, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def replica_pods(kube, ns, svc=None):
+    sel = f"reamer.io/service={svc}" if svc else "reamer.io/service"
+    return [p for p in kube.list(pods(ns), label_selector=sel)[0]]
+
+
+def fresh(kube, *names, cores=16.0):
+    for n in names:
+        publish_slack(kube, n, reported_at=time.time(), cores=cores)
+
+
+def test_inference_pods_are_bound_only_where_an_agent_reports_slack(kube, ns, components):
+    for n in ("gpu-fresh", "gpu-stale", "gpu-silent"):
+        make_node(kube, n, 16)
+    fresh(kube, "gpu-fresh")
+    publish_slack(kube, "gpu-stale", reported_at=time.time() - 600, cores=16)  # its agent stopped 10 min ago
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=40.0))
+    s = components("scheduler")
+    rnd = s.round()
+    placed = [d for d in rnd.decisions if isinstance(d, PlaceReplica)]
+    assert placed and {d.node for d in placed} == {"gpu-fresh"}
+    ps = replica_pods(kube, ns, "vgg")
+    assert len(ps) == len(placed)
+    for p in ps:
+        assert p["spec"]["schedulerName"] == "reamer" and p["spec"]["nodeName"] == "gpu-fresh"
+        assert p["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
+    # a decision for a stale node (a policy that ignores staleness) is refused at bind time
+    s.inf.sync()
+    s.backend.observe(time.time())
+    s.backend.actuate([PlaceReplica("vgg", "gpu-stale", 2.0, 4, 0.01)], time.time())
+    assert all(p["spec"].get("nodeName") != "gpu-stale" for p in replica_pods(kube, ns))
+    assert s.backend.counts["bind_refused_stale"] == 1
+    st = kube.get(custom("inferenceservices", ns, "vgg"))["status"]
+    assert st["replicas"] == len(placed) and st["nextIndex"] >= len(placed) + 1
+    # the fresh node's agent goes quiet: no new replica lands there
+    publish_slack(kube, "gpu-fresh", reported_at=time.time() - 600, cores=16)
+    kube.merge_patch(custom("inferenceservices", ns, "vgg"), {"spec": {"ratePerSecond": 400.0}})
+    before = {ko.meta(p)["name"] for p in replica_pods(kube, ns)}
+    s.round()
+    assert {ko.meta(p)["name"] for p in replica_pods(kube, ns) if p["spec"].get("nodeName")} <= before
+
+
+def test_growing_training_moves_inference_first_make_before_break(kube, ns, components):
+    make_node(kube, "gpu-a", 16)
+    fresh(kube, "gpu-a")
+    kube.create(custom("trainingjobs", ns), training_job("grow", ps=1, workers=1, cpu="2"))
+    ctl = components("controller", policy="static")
+    kubelet = Kubelet(kube, ns)
+    ctl.round()
+    kubelet.sync()
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
+    sch = components("scheduler")
+    sch.round()
+    kubelet.sync()
+    [old] = replica_pods(kube, ns, "vgg")
+    assert old["spec"]["nodeName"] == "gpu-a"
+    make_node(kube, "gpu-b", 16)
+    fresh(kube, "gpu-a", "gpu-b")
+
+    # training decides to grow its worker to 13 cores: the status records it first
+    ctl.inf.sync()
+    ctl.backend.observe(time.time())
+    worker = next(cid for cid in ctl.backend.view.state.owner if "/worker" in cid)
+    ctl.backend.actuate([Resize(worker, Resources(13.0, 2048.0))], time.time())
+    tj = kube.get(custom("trainingjobs", ns, "grow"))
+    [wpod] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
+    assert ko.pod_cpu_limit(wpod) == 2.0, "training took the cores before inference moved"
+    assert any(c["type"] == "WaitingForInference" and c["status"] == "True" for c in tj["status"]["conditions"])
+
+    # the scheduler sees the recorded shape and moves the replica: the new pod first
+    rnd = sch.round()
+    assert any(type(d).__name__ in ("MigrateReplica", "EvictReplica", "ResizeReplica") for d in rnd.decisions)
+    reps = replica_pods(kube, ns, "vgg")
+    new = [p for p in reps if ko.annotations(p).get(ko.REPLACES) == ko.meta(old)["name"]]
+    assert new and new[0]["spec"]["nodeName"] == "gpu-b"
+    assert not ko.deleting(kube.get(pods(ns, ko.meta(old)["name"]))), "old replica went before the new one served"
+    ctl.round()
+    [wpod] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
+    assert ko.pod_cpu_limit(wpod) == 2.0
+
+    kubelet.sync()  # the new replica is Ready
+    fresh(kube, "gpu-a", "gpu-b")
+    sch.round()  # ... so the old one goes
+    assert ko.deleting(kube.get(pods(ns, ko.meta(old)["name"])))
+    kubelet.sync()
+    for _ in range(3):  # the controller recreates the worker at 13 cores (1.20: no in-place resize)
+        ctl.round()
+        kubelet.sync()
+    [wpod] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
+    assert ko.pod_cpu_limit(wpod) == 13.0 and wpod["spec"]["nodeName"] == "gpu-a"
+    st = kube.get(custom("trainingjobs", ns, "grow"))["status"]
+    assert any(c["type"] == "WaitingForInference" and c["status"] == "False" for c in st["conditions"])
