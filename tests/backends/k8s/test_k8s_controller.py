@@ -182,3 +182,27 @@ def test_semantically_invalid_jobs_get_a_condition_and_the_controller_keeps_runn
         assert st["phase"] == "Invalid" and cond["reason"] == reason and field in cond["message"]
     assert kube.get(custom("trainingjobs", ns, "fine"))["status"]["phase"] == "Running"
     assert not job_pods(kube, ns, "minmax") and not job_pods(kube, ns, "unknown")
+
+
+def test_progress_is_banked_from_reports_and_the_job_completes(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    tj = training_job("short", ps=1, workers=2, cpu="2")
+    tj["spec"]["samples"] = 1000
+    kube.create(custom("trainingjobs", ns), tj)
+    c = controller(policy="static")
+    c.round()
+    Kubelet(kube, ns).sync()
+    for i in range(3):  # two workers at 100 samples/s over 2 s windows: 400 samples per report
+        t = time.time() + i
+        entries = [{"namespace": ns, "name": ko.meta(p)["name"], "cpuUsed": 1.0, "netGbps": 0.1,
+                    "netCapacityGbps": 10.0, **({"metrics": {"reamer_train_samples_total:rate": 100.0}}
+                                               if ko.labels(p)[ko.ROLE] == "worker" else {})}
+                   for p in job_pods(kube, ns, "short")]
+        publish_slack(kube, "node-a", reported_at=t, window_s=2.0, pods_=entries, cores=32)
+        c.round()
+        c.round()  # the same report is counted once
+        st = kube.get(custom("trainingjobs", ns, "short"))["status"]
+        if i < 2:
+            assert st["phase"] == "Running" and st["samplesDone"] == pytest.approx(400.0 * (i + 1))
+    assert st["phase"] == "Succeeded" and st["samplesDone"] == pytest.approx(1200.0)
+    assert not job_pods(kube, ns, "short")

@@ -206,7 +206,8 @@ def training_pod(tj: Obj, spec: TrainingJob, c: Container, containers: list[Cont
     env = [{"name": k, "value": str(v)} for k, v in (
         ("REAMER_JOB", spec.id), ("REAMER_ROLE", c.role.value), ("REAMER_INDEX", index),
         ("REAMER_PS_HOSTS", hosts[Role.PS]), ("REAMER_WORKER_HOSTS", hosts[Role.WORKER]),
-        ("REAMER_CPU", c.res.cpu), ("REAMER_EPOCH", epoch))]
+        ("REAMER_CPU", c.res.cpu), ("REAMER_EPOCH", epoch), ("REAMER_MODEL", spec.model),
+        ("REAMER_BATCH", spec.batch), ("REAMER_SAMPLES", spec.samples))]
     main["env"] = [e for e in main.get("env") or [] if not e.get("name", "").startswith("REAMER_")] + env
     ps["containers"] = ctrs
     ps.update(nodeName=c.node, hostname=short(c.id), subdomain=spec.id)

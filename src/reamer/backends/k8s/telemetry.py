@@ -5,8 +5,10 @@ throttled (cgroup), network throughput (the pod's network namespace) and the pod
 ``reamer_*`` Prometheus metrics scraped from ``reamer.io/metrics-port`` — counters as
 ``NAME`` (value) and ``NAME:rate`` (per second over the window), histograms as
 ``NAME:p99`` (over the window), gauges as ``NAME``. Training code meets it by exporting
-``reamer_train_samples_total``: the samples the job has trained so far (restored from its
-checkpoint, the same figure on every worker); inference servers export
+``reamer_train_samples_total`` from every worker: the samples that process has trained since
+it started (a plain counter). A job's speed is the sum of its workers' rates; its progress is
+banked by the controller in the TrainingJob's ``status.samplesDone`` (each report's rate ×
+window, once: ``status.telemetryAt`` is the newest report counted). Inference servers export
 ``reamer_infer_requests_total`` and the ``reamer_infer_request_latency_seconds`` histogram.
 """
 
@@ -57,18 +59,14 @@ def pod_reports(objs: ClusterObjects) -> dict[str, PodReport]:
 
 def job_telemetry(containers: list[Container], pod_of: dict[str, str], namespace: str,
                   reports: dict[str, PodReport], after: float) -> tuple[JobTelemetry | None, float]:
-    """A job's telemetry from reports newer than ``after`` (one sample per report) and the
-    samples it has done (the largest ``reamer_train_samples_total`` of its workers; 0 when none)."""
+    """A job's telemetry from the reports newer than ``after`` (each report is one sample) and
+    the samples those reports add (Σ over workers of rate × window)."""
     tel: dict[str, ContainerTelemetry] = {}
     speed: float | None = None
-    done, since, newest = 0.0, None, None
+    progress, since = 0.0, None
     for c in containers:
         r = reports.get(f"{namespace}/{pod_of.get(c.id, '')}")
-        if r is None:
-            continue
-        if c.role is Role.WORKER:
-            done = max(done, r.metric(SAMPLES) or 0.0)
-        if r.reported_at <= after:
+        if r is None or r.reported_at <= after:
             continue
         e = r.entry
         tel[c.id] = ContainerTelemetry(cpu_used=float(e.get("cpuUsed", 0.0)), cpu_limit=c.res.cpu,
@@ -78,12 +76,12 @@ def job_telemetry(containers: list[Container], pod_of: dict[str, str], namespace
                                        mem_used_mib=float(e.get("memoryUsedMiB", 0.0)))
         rate = r.metric(SAMPLES + ":rate")
         if c.role is Role.WORKER and rate is not None:
-            speed = max(speed or 0.0, rate)
+            speed = (speed or 0.0) + rate
+            progress += rate * r.window_s
         since = r.since if since is None else max(since, r.since)
-        newest = r.reported_at if newest is None else max(newest, r.reported_at)
     if speed is None or since is None:
-        return None, done
-    return JobTelemetry(since, speed, tel), done
+        return None, progress
+    return JobTelemetry(since, speed, tel), progress
 
 
 def newest_report(containers: list[Container], pod_of: dict[str, str], namespace: str,

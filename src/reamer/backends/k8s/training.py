@@ -76,15 +76,17 @@ class K8sTraining:
         for jid in list(view.state.running):
             j = view.state.jobs[jid]
             cont = list(j.containers.values())
-            tel, done = job_telemetry(cont, view.pod_names, self.ns, reports, self._seen.get(jid, -math.inf))
             st = view.crs[jid].get("status") or {}
-            samples = self.samples[jid] = max(done, float(st.get("samplesDone", 0.0)))
+            after = max(self._seen.get(jid, -math.inf), float(st.get("telemetryAt", -math.inf)))
+            tel, progress = job_telemetry(cont, view.pod_names, self.ns, reports, after)
+            samples = self.samples[jid] = float(st.get("samplesDone", 0.0)) + progress
+            if tel is not None:
+                self._seen[jid] = newest_report(cont, view.pod_names, self.ns, reports)
             if samples >= j.spec.samples or self._workers_succeeded(objs, jid, view):
                 self._commit({jid: [view.state.finish(jid, now)]}, now)
                 continue
             if tel is not None:
                 self.telemetry[jid] = tel
-                self._seen[jid] = newest_report(cont, view.pod_names, self.ns, reports)
             running.append(j.view(samples, now))
         for jid in view.state.queue:
             j = view.state.jobs[jid]
@@ -147,6 +149,7 @@ class K8sTraining:
               "ps": j.count(Role.PS), "workers": j.count(Role.WORKER), "cores": round(sum(c.res.cpu for c in cont), 3),
               "queuedAt": j.queued_since, "queueSeconds": j.queue_s, "reconfigurations": j.reconfigs,
               "samplesDone": self.samples.get(jid, float(old.get("samplesDone", 0.0))),
+              **({"telemetryAt": self._seen[jid]} if jid in self._seen else {}),
               "observedGeneration": ko.meta(view.crs[jid]).get("generation", 0)}
         for k, v in (("startedAt", j.started_s), ("lastChangeAt", j.last_change_s), ("finishedAt", j.finished_s)):
             if v is not None:
@@ -333,7 +336,8 @@ class K8sTraining:
             d = diagnose(j.view(self.samples.get(jid, 0.0), now), tel, thresholds.cpu, thresholds.net,
                          thresholds.side_margin)
             mine = [type(x).__name__ for x in decisions if _job_of(view, x) == jid]
-            self._merge_status(jid, {"samplesDone": self.samples.get(jid, 0.0), "diagnosis": {
+            self._merge_status(jid, {"samplesDone": self.samples.get(jid, 0.0), "telemetryAt": self._seen[jid],
+                                     "diagnosis": {
                 "bottleneck": d.bottleneck, "at": now, "decision": ", ".join(mine) or "none",
                 "evidence": {"speed": round(tel.speed, 3), "workerCpuUtil": round(d.worker_cpu_util, 3),
                              "psCpuUtil": round(d.ps_cpu_util, 3), "netUtil": round(d.net_util, 3),

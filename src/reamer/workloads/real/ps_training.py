@@ -581,11 +581,12 @@ class Worker:
 
     def train(
         self, steps: int, report_every: int = 10, report_every_s: float = 0.0, poll: Any = None,
-        stop: Any = None,
+        stop: Any = None, on_step: Any = None,
     ) -> dict[str, Any]:
         """Run until the job's global step reaches ``steps`` (it starts at :attr:`start_step`).
         ``poll``: called between steps, e.g. ``QuotaWatcher.poll`` (re-tunes threads);
-        ``stop``: called between steps, True = leave cleanly now (BYE; the PS checkpoints)."""
+        ``stop``: called between steps, True = leave cleanly now (BYE; the PS checkpoints);
+        ``on_step(samples)``: called after each step with the samples it trained."""
         import torch
         from reamer.workloads.real.nets import synthetic_batch
 
@@ -627,6 +628,8 @@ class Worker:
             tot_compute += compute
             win["steps"] += 1
             last = step + 1
+            if on_step is not None:
+                on_step(self.batch)
             now = time.perf_counter()
             due = (report_every and win["steps"] >= report_every) or (
                 report_every_s and now - win["t"] >= report_every_s
@@ -688,6 +691,19 @@ class Worker:
 
 
 # --------------------------------------------------------------------------- CLI
+def serve_train_metrics(host: str, port: int) -> Any:
+    """Serve the training telemetry contract of the Kubernetes backend (docs/kubernetes.md):
+    ``reamer_train_samples_total``, the samples this process has trained since it started.
+    Returns the per-step callback that counts them."""
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    reg = CollectorRegistry()
+    samples = Counter("reamer_train_samples", "Samples this worker has trained since it started.", registry=reg)
+    server, _ = start_http_server(port, host, registry=reg)
+    emit({"role": "worker", "event": "metrics", "port": server.server_port})
+    return samples.inc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from reamer.workloads.real.nets import MODELS
 
@@ -713,6 +729,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--report-every", type=int, default=10, help="telemetry every N steps (0 = off)")
     w.add_argument("--report-every-s", type=float, default=0.0, help="telemetry every N seconds (0 = off)")
     w.add_argument("--connect-timeout", type=float, default=30.0)
+    w.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus /metrics (reamer_train_samples_total) on this port (0: any free)")
+    w.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     for q in (p, w):
         q.add_argument("--model", default="small_cnn", choices=sorted(MODELS))
         q.add_argument("--seed", type=int, default=0, help="initial weights (must match across the job)")
@@ -757,8 +776,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         watcher = launcher.QuotaWatcher(launcher.own_effective_cpus, launcher.retune_torch, interval_s=1.0)
         watcher.threads = intra  # already applied at start-up
         poll = watcher.poll
+    on_step = None
+    if a.metrics_port is not None:
+        on_step = serve_train_metrics(a.metrics_host, a.metrics_port)
     try:
-        worker.train(a.steps, a.report_every, a.report_every_s, poll, stop=lambda: stop["flag"])
+        worker.train(a.steps, a.report_every, a.report_every_s, poll, stop=lambda: stop["flag"], on_step=on_step)
         return 0
     except KeyboardInterrupt:
         return 130
