@@ -1,0 +1,60 @@
+"""``reamer k8s`` as an operator runs it: CRDs installed (idempotently), a component with its
+/healthz /readyz /metrics, and bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from conftest import make_node
+from test_k8s_controller import training_job
+from reamer.backends.k8s.kube import custom
+
+REAMER = str(Path(sys.executable).parent / "reamer")
+
+
+def test_install_crds_is_idempotent(devcluster):
+    cmd = [REAMER, "k8s", "install-crds", "--kubeconfig", str(devcluster.kubeconfig()), "--json"]
+    out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    assert set(out) == {"trainingjobs.reamer.io", "inferenceservices.reamer.io", "nodeslacks.reamer.io"}
+    assert set(out.values()) == {"updated"}  # the session fixture created them
+
+
+def test_bad_kubeconfig_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    p = subprocess.run([REAMER, "k8s", "controller", "--kubeconfig", str(bad)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and str(bad) in p.stderr
+    p = subprocess.run([REAMER, "k8s", "controller", "--policy", "reamer", "--kubeconfig", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--policy" in p.stderr and "training policies" in p.stderr
+
+
+def test_controller_serves_health_and_metrics(kube, ns, devcluster):
+    make_node(kube, "node-a", 16)
+    kube.create(custom("trainingjobs", ns), training_job("m", ps=1, workers=1))
+    p = subprocess.Popen([REAMER, "k8s", "controller", "--kubeconfig", str(devcluster.kubeconfig()), "-n", ns,
+                          "--interval", "0.2", "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        port = json.loads(p.stdout.readline())["metrics_port"]
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+            if 'reamer_decisions_total{component="controller",kind="StartJob"}' in text:
+                break
+            time.sleep(0.2)
+        assert 'reamer_rounds_total{component="controller"}' in text
+        assert 'reamer_backend_actions{action="pods_created",component="controller"} 2.0' in text
+        for path in ("/healthz", "/readyz"):
+            assert urllib.request.urlopen(base + path, timeout=5).status == 200
+        assert kube.get(custom("trainingjobs", ns, "m"))["status"]["phase"] == "Running"
+    finally:
+        p.terminate()
+        assert p.wait(20) == 0  # SIGTERM: the loop ends after its round
