@@ -206,3 +206,31 @@ def test_progress_is_banked_from_reports_and_the_job_completes(kube, ns, control
             assert st["phase"] == "Running" and st["samplesDone"] == pytest.approx(400.0 * (i + 1))
     assert st["phase"] == "Succeeded" and st["samplesDone"] == pytest.approx(1200.0)
     assert not job_pods(kube, ns, "short")
+
+
+def test_a_queued_job_says_why_it_waits(kube, ns, controller):
+    make_node(kube, "node-a", 8)
+    kube.create(custom("trainingjobs", ns), training_job("huge", ps=1, workers=4, cpu="4"))
+    c = controller(policy="static")
+    c.round()
+    st = kube.get(custom("trainingjobs", ns, "huge"))["status"]
+    cond = next(x for x in st["conditions"] if x["type"] == "Scheduled")
+    assert st["phase"] == "Queued" and cond["status"] == "False" and cond["reason"] == "WaitingForResources"
+    assert "needs 20 cores" in cond["message"] and "8 cores" in cond["message"]
+    assert not job_pods(kube, ns, "huge")
+
+
+def test_a_conflicting_write_drops_the_decision_and_the_next_round_redecides(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    kube.create(custom("trainingjobs", ns), training_job("race", ps=1, workers=1))
+    c = controller(policy="static")
+    c.inf.sync()
+    snap = c.backend.observe(time.time())
+    decisions = c.policy.decide(snap)
+    # someone else writes the job between our read and our write (a new resourceVersion)
+    kube.merge_patch(custom("trainingjobs", ns, "race"), {"metadata": {"labels": {"edited": "yes"}}})
+    c.backend.actuate(decisions, time.time())
+    assert c.backend.counts["conflicts"] == 1 and not job_pods(kube, ns, "race")
+    c.round()
+    assert len(job_pods(kube, ns, "race")) == 2
+    assert kube.get(custom("trainingjobs", ns, "race"))["status"]["phase"] == "Running"

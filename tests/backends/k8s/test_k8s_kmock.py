@@ -16,9 +16,12 @@ here only for what tier A cannot do:
 What :class:`Emulator` adds to kmock for these tests (nothing else): ``uid``,
 ``creationTimestamp`` and a ``resourceVersion`` on create; PUT of ``…/status`` (the
 controller records shapes with it); ``pods/{name}/resize`` as a strategic merge of the
-containers' resources by container name; and :attr:`Emulator.rejections`, faults answered
-*before* kmock stores anything (a kmock reaction answers a write only after kmock has applied
-it, which is the "the write landed but its answer was lost" case, also tested).
+containers' resources by container name, refused (422) where Kubernetes' ``ValidatePodResize``
+refuses it — the pod's QoS class would change, or a request would exceed its limit (without
+those two rules the success path would pass here and fail on a real 1.33 server); and
+:attr:`Emulator.rejections`, faults answered *before* kmock stores anything (a kmock reaction
+answers a write only after kmock has applied it, which is the "the write landed but its answer
+was lost" case, also tested).
 
 kmock's server runs in its own event loop in a daemon thread; the code under test talks to
 it through the official client's transport, as it talks to a real API server.
@@ -282,7 +285,9 @@ def node(name: str, cpu: float = 32) -> dict:
 def training_job(name: str, ps: int = 1, workers: int = 1, cpu: str = "2", sidecar: bool = False) -> dict:
     """``sidecar``: a second container without resources, which makes every pod Burstable
     (without it the controller's pods are Guaranteed: requests == limits)."""
-    ctrs = [{"name": "train", "image": "reamer/ps-training"}] + ([{"name": "logs", "image": "busybox"}] if sidecar else [])
+    ctrs = [{"name": "train", "image": "reamer/ps-training"}]
+    if sidecar:
+        ctrs.append({"name": "logs", "image": "busybox"})
 
     def role(n: int) -> dict:
         return {"replicas": n, "resources": {"cpu": cpu, "memory": "2Gi"},
@@ -335,7 +340,7 @@ def worker_record(k: KmockCluster) -> dict:
 
 def test_resize_patches_the_pod_in_place(k8s):
     """A Burstable pod (a sidecar without resources): a limit-only grow keeps its QoS class,
-    so Kubernetes accepts it (the default, Guaranteed, shape is the xfail below)."""
+    so Kubernetes accepts it (the default, Guaranteed, shape is the test below)."""
     c, worker, pod = running_job(k8s, sidecar=True)
     before = set(job_pods(k8s))
     c.backend.actuate([Resize(worker, Resources(5.0, 2048.0))], time.time())
@@ -372,13 +377,10 @@ def test_a_failed_resize_is_retried_not_turned_into_a_restart(k8s):
     assert ko.pod_cpu_limit(job_pods(k8s)[pod]) == 5.0 and len(job_pods(k8s)) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "K8sTraining._resize_if_needed patches only limits.cpu, but Kubernetes >= 1.33 refuses a resize "
-    "that changes the pod's QoS class (ValidatePodResize: the controller's default pod has requests == "
-    "limits, Guaranteed; a new limit alone makes it Burstable) or that leaves a request above its limit; "
-    "the 422 is taken for 'no in-place resize' and the worker is restarted in a new pod (-r1)"))
 @pytest.mark.parametrize("sidecar,cores", [(False, 5.0), (True, 1.0)], ids=["guaranteed-grow", "shrink-below-request"])
 def test_resize_keeps_the_pod_valid_for_kubernetes(k8s, sidecar, cores):
+    """Kubernetes ≥ 1.33 refuses a resize that changes the QoS class or leaves a request above
+    its limit: a Guaranteed pod moves its request with the limit, a shrink lowers the request."""
     c, worker, pod = running_job(k8s, sidecar=sidecar)
     c.backend.actuate([Resize(worker, Resources(cores, 2048.0))], time.time())
     assert (c.backend.counts["resizes"], c.backend.counts["recreates"]) == (1, 0)

@@ -150,3 +150,19 @@ def test_growing_training_moves_inference_first_make_before_break(kube, ns, comp
     assert ko.pod_cpu_limit(wpod) == 13.0 and wpod["spec"]["nodeName"] == "gpu-a"
     st = kube.get(custom("trainingjobs", ns, "grow"))["status"]
     assert any(c["type"] == "WaitingForInference" and c["status"] == "False" for c in st["conditions"])
+
+
+def test_invalid_services_get_a_condition_and_the_scheduler_keeps_serving(kube, ns, components):
+    make_node(kube, "gpu-a", 16)
+    fresh(kube, "gpu-a")
+    kube.create(custom("inferenceservices", ns), inference_service("bad-model", model="alexnet-9000"))
+    kube.create(custom("inferenceservices", ns), inference_service("bad-range", minReplicas=4, maxReplicas=2))
+    kube.create(custom("inferenceservices", ns), inference_service("good"))
+    s = components("scheduler")
+    s.round()
+    for name, reason in (("bad-model", "UnknownModel"), ("bad-range", "MinAboveMax")):
+        cond = next(c for c in kube.get(custom("inferenceservices", ns, name))["status"]["conditions"]
+                    if c["type"] == "Invalid")
+        assert cond["status"] == "True" and cond["reason"] == reason
+        assert not replica_pods(kube, ns, name)
+    assert replica_pods(kube, ns, "good")

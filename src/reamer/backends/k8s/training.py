@@ -287,18 +287,19 @@ class K8sTraining:
         if not infeasible and abs(ko.pod_cpu_limit(pod) - c.res.cpu) < 1e-6:
             return
         name = ko.meta(pod)["name"]
-        main = ((pod.get("spec") or {}).get("containers") or [{}])[0]
         if not infeasible:
             try:
-                lim = {**((main.get("resources") or {}).get("limits") or {}), "cpu": ko.cpu_str(c.res.cpu)}
-                new = self.kube.resize(self.ns, name, [{"name": main.get("name"), "resources": {"limits": lim}}])
+                new = self.kube.resize(self.ns, name, [resize_patch(pod, c.res.cpu)])
                 self.informers.put("pods", new)
                 self.counts["resizes"] += 1
                 return
             except ApiError as e:
                 if e.status not in (404, 405, 422):
                     raise
-                log.info("pod %s: no in-place resize (%s): recreating it", name, e.status)
+                if e.status == 422:  # a server with /resize refused this one: say why, then restart it
+                    log.warning("pod %s: in-place resize refused (%s): recreating it", name, e.message)
+                else:
+                    log.info("pod %s: no in-place resize on this server (%s): recreating it", name, e.status)
         # recreate under a new name, recorded first: the next converge deletes the old pod
         m = re.search(r"-r(\d+)$", name)
         self.view.pod_names[c.id] = f"{default_pod_name(c, epoch)}-r{int(m.group(1)) + 1 if m else 1}"
@@ -325,9 +326,25 @@ class K8sTraining:
 
     # ------------------------------------------------------------------ reports
     def report(self, decisions: Sequence[Decision], thresholds: Thresholds | None, now: float) -> None:
-        """Write each measured job's diagnosis, its evidence and the round's decision for it."""
+        """Write why each queued job waits, and each measured job's diagnosis, its evidence and
+        the round's decision for it."""
         view = self.view
-        if view is None or thresholds is None:
+        if view is None:
+            return
+        for jid in view.state.queue:
+            j, tj = view.state.jobs[jid], view.crs.get(jid)
+            if tj is None:
+                continue
+            need = j.spec.request
+            most = max(view.state.free.values(), key=lambda r: (r.cpu, r.gpu), default=None)
+            msg = (f"needs {need.cpu:g} cores, {need.gpu:g} GPUs, {need.mem_mib:.0f} MiB in all; the freest node has "
+                   f"{most.cpu:g} cores, {most.gpu:g} GPUs free" if most else "no schedulable node")
+            st = tj.get("status") or {}
+            old = next((c for c in st.get("conditions") or [] if c.get("type") == "Scheduled"), None)
+            if st.get("phase") != "Queued" or old is None or old.get("message") != msg:
+                self._merge_status(jid, {"phase": "Queued", "conditions": ko.set_condition(
+                    st.get("conditions"), "Scheduled", False, "WaitingForResources", msg, now)})
+        if thresholds is None:
             return
         for jid, tel in self.telemetry.items():
             j = view.state.jobs.get(jid)
@@ -342,6 +359,33 @@ class K8sTraining:
                 "evidence": {"speed": round(tel.speed, 3), "workerCpuUtil": round(d.worker_cpu_util, 3),
                              "psCpuUtil": round(d.ps_cpu_util, 3), "netUtil": round(d.net_util, 3),
                              "workerNetUtil": round(d.worker_net_util, 3), "cpuUsed": round(d.cpu_used, 3)}}})
+
+
+def resize_patch(pod: dict, cores: float) -> dict:
+    """The ``pods/resize`` patch of the training container to ``cores`` that Kubernetes
+    accepts: the pod's QoS class must not change and no request may exceed its limit. A
+    Guaranteed pod (every request equal to its limit) moves its CPU request with the limit; a
+    Burstable one keeps its request, lowered to the new limit when above it — but not to the
+    point where the pod would become Guaranteed."""
+    ctrs = (pod.get("spec") or {}).get("containers") or [{}]
+    main = ctrs[0]
+    res = main.get("resources") or {}
+    req, lim = dict(res.get("requests") or {}), dict(res.get("limits") or {})
+    guaranteed = (pod.get("status") or {}).get("qosClass") == "Guaranteed" or all(
+        (c.get("resources") or {}).get("limits") and all(
+            ko.quantity(v, "request") == ko.quantity(((c.get("resources") or {}).get("limits") or {}).get(k, -1), "limit")
+            for k, v in {**((c.get("resources") or {}).get("limits") or {}),
+                         **((c.get("resources") or {}).get("requests") or {})}.items() if k in ("cpu", "memory"))
+        for c in ctrs)
+    lim["cpu"] = ko.cpu_str(cores)
+    if guaranteed:
+        req["cpu"] = lim["cpu"]
+    elif "cpu" in req:
+        r = min(ko.quantity(req["cpu"], "cpu request"), cores)
+        would_guarantee = len(ctrs) == 1 and r == cores and "memory" in req and "memory" in lim and (
+            ko.quantity(req["memory"], "memory") == ko.quantity(lim["memory"], "memory"))
+        req["cpu"] = ko.cpu_str(max(0.001, r - 0.001) if would_guarantee else r)
+    return {"name": main.get("name"), "resources": {"requests": req, "limits": lim}}
 
 
 def _job_of(view: TrainingView, d: Decision) -> str | None:
