@@ -136,6 +136,7 @@ def scheduler(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", i
               policy: Annotated[str, typer.Option(help="harvesting policy")] = "reamer",
               stale: Annotated[float, typer.Option(help="seconds after which a node's NodeSlack is no "
                                                         "evidence of slack")] = 30.0,
+              max_moves: Annotated[int, typer.Option(min=1, help="migrations + evictions per round")] = 5,
               metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
               rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
               crash_at: CrashAt = None) -> None:
@@ -158,7 +159,7 @@ def scheduler(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", i
         _fail(e)
     inf = Informers(kube, namespace).start()
     backend = K8sInference(kube, inf, namespace, prof.models, list(prof.inference), stale_s=stale,
-                           fault=rt.crash_at(crash_at) if crash_at else no_fault)
+                           max_moves_per_round=max_moves, fault=rt.crash_at(crash_at) if crash_at else no_fault)
     health, metrics = _serve("scheduler", interval, metrics_port, metrics_host,
                              lambda: all(r.synced.is_set() for r in inf.reflectors.values()))
     rt.loop(rt.scheduler_step(backend, pol, time.time), interval_s=interval, stop=_stop_on_signals(),

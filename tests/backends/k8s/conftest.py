@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -29,10 +30,15 @@ def _binaries() -> tuple[Path | None, str]:
         return bin_dir, ""
     if shutil.which("apt-get") is None:
         return None, f"{why} (and no apt-get here to build them)"
-    print(f"\nbuilding kube-apiserver 1.20.2 once into {DEFAULT_CACHE} (several minutes) ...", flush=True)
-    r = subprocess.run([str(REPO / "tools" / "k8s" / "build.sh")], capture_output=True, text=True)
+    DEFAULT_CACHE.mkdir(parents=True, exist_ok=True)
+    log = DEFAULT_CACHE / "build.log"
+    print(f"\nbuilding kube-apiserver 1.20.2 once into {DEFAULT_CACHE} (about 4-7 min; log: {log}) ...",
+          file=sys.__stderr__, flush=True)
+    with log.open("w") as out:
+        r = subprocess.run([str(REPO / "tools" / "k8s" / "build.sh")], stdout=out, stderr=subprocess.STDOUT)
     if r.returncode != 0:
-        return None, f"tools/k8s/build.sh failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
+        return None, f"tools/k8s/build.sh failed (exit {r.returncode}): see {log}"
+    print("built.", file=sys.__stderr__, flush=True)
     return find_binaries()
 
 

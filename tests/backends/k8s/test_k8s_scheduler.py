@@ -15,7 +15,7 @@ from reamer.backends.k8s.cluster import Informers
 from reamer.backends.k8s.inference import K8sInference
 from reamer.backends.k8s.kube import custom, pods
 from reamer.domain import Resize, Resources
-from reamer.domain.inference import PlaceReplica
+from reamer.domain.inference import EvictReplica, PlaceReplica
 from reamer.models.profiles import shipped_profiles
 from reamer.policies import make_policy
 from reamer.runtime.k8s import scheduler_step
@@ -129,7 +129,7 @@ def test_growing_training_moves_inference_first_make_before_break(kube, ns, comp
 
     # the scheduler sees the recorded shape and moves the replica: the new pod first
     rnd = sch.round()
-    assert any(type(d).__name__ in ("MigrateReplica", "EvictReplica", "ResizeReplica") for d in rnd.decisions)
+    assert [type(d).__name__ for d in rnd.decisions] == ["MigrateReplica"], rnd.decisions
     reps = replica_pods(kube, ns, "vgg")
     new = [p for p in reps if ko.annotations(p).get(ko.REPLACES) == ko.meta(old)["name"]]
     assert new and new[0]["spec"]["nodeName"] == "gpu-b"
@@ -166,3 +166,44 @@ def test_invalid_services_get_a_condition_and_the_scheduler_keeps_serving(kube, 
         assert cond["status"] == "True" and cond["reason"] == reason
         assert not replica_pods(kube, ns, name)
     assert replica_pods(kube, ns, "good")
+
+
+def test_eviction_honours_a_pod_disruption_budget(kube, ns, components):
+    make_node(kube, "gpu-a", 16)
+    fresh(kube, "gpu-a")
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
+    s = components("scheduler")
+    s.round()
+    Kubelet(kube, ns).sync()
+    [pod] = replica_pods(kube, ns, "vgg")
+    pdbs = f"/apis/policy/v1beta1/namespaces/{ns}/poddisruptionbudgets"
+    kube.create(pdbs, {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": "vgg"},
+                       "spec": {"minAvailable": 1, "selector": {"matchLabels": {"reamer.io/service": "vgg"}}}})
+    s.inf.sync()
+    s.backend.observe(time.time())
+    rid = next(iter(s.backend.pod_of))
+    s.backend.actuate([EvictReplica(rid)], time.time())
+    assert s.backend.counts["evictions_refused"] == 1 and s.backend.counts["evictions"] == 0
+    assert not ko.deleting(kube.get(pods(ns, ko.meta(pod)["name"])))
+    kube.delete(f"{pdbs}/vgg")
+    s.inf.sync()
+    s.backend.observe(time.time())
+    s.backend.actuate([EvictReplica(rid)], time.time())
+    assert s.backend.counts["evictions"] == 1
+    p = kube.get_or_none(pods(ns, ko.meta(pod)["name"]))
+    assert p is None or ko.deleting(p)
+
+
+def test_moves_are_rate_limited_per_round(kube, ns, components):
+    make_node(kube, "gpu-a", 16)
+    fresh(kube, "gpu-a")
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=60.0))
+    s = components("scheduler")
+    s.round()
+    s.inf.sync()
+    s.backend.observe(time.time())
+    rids = list(s.backend.pod_of)
+    assert len(rids) >= 2
+    s.backend.max_moves = 1
+    s.backend.actuate([EvictReplica(r) for r in rids], time.time())
+    assert s.backend.counts["evictions"] == 1 and s.backend.counts["moves_deferred"] == len(rids) - 1

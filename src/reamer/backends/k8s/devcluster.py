@@ -106,7 +106,7 @@ class DevCluster:
         if self.controller_manager:
             self._spawn("kube-controller-manager", [
                 str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig()}",
-                "--controllers=garbagecollector,namespace", "--bind-address=127.0.0.1", "--secure-port=0",
+                "--controllers=garbagecollector,namespace,disruption", "--bind-address=127.0.0.1", "--secure-port=0",
                 "--port=0", "--leader-elect=false",
             ], logs)
         return self

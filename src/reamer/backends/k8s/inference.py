@@ -15,6 +15,10 @@ last NodeSlack (none, or older than the policy's ``stale_s``: no slack).
   deleted only once the new pod is Ready;
 * evict: the Eviction API, so PodDisruptionBudgets hold (429: kept, tried next round).
 
+At most ``max_moves_per_round`` migrations and evictions are carried out per round; the
+policy decides the rest again next round (a rate limit on disruption; the policy's own
+cooldown and hysteresis keep it from flapping).
+
 A restarted scheduler finds half-done work in the pods (unbound targets, ``replaces``
 annotations) and finishes it.
 """
@@ -40,7 +44,7 @@ from reamer.backends.state.inference import (
     StopReplica,
 )
 from reamer.domain.decisions import InvalidDecision
-from reamer.domain.inference import HarvestDecision, HarvestSnapshot, Replica
+from reamer.domain.inference import EvictReplica, HarvestDecision, HarvestSnapshot, MigrateReplica, Replica
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +55,18 @@ class K8sInference:
 
     def __init__(self, kube: Kube, informers: Informers, namespace: str, training_models: Mapping[str, object],
                  inference_models: Sequence[str], *, stale_s: float = 30.0, clock: Callable[[], float] = time.time,
-                 fault: Fault = no_fault, pool: str = "inference") -> None:
+                 fault: Fault = no_fault, pool: str = "inference", max_moves_per_round: int = 5) -> None:
         self.kube, self.informers, self.ns = kube, informers, namespace
         self.training_models, self.inference_models = training_models, tuple(inference_models)
         self.stale_s, self.clock, self.fault, self.pool = stale_s, clock, fault, pool
+        self.max_moves = max_moves_per_round  # migrations + evictions carried out per round (the rest wait a round)
         self.state: ReplicaState | None = None
         self.objs: ClusterObjects | None = None
         self.crs: dict[str, dict] = {}
         self.pod_of: dict[str, str] = {}  # replica id -> pod name
         self._status: dict[str, dict] = {}  # service -> status patch to write this round
         self.counts = {"binds": 0, "bind_refused_stale": 0, "evictions": 0, "evictions_refused": 0, "migrations": 0,
-                       "resizes": 0, "invalid_decisions": 0, "api_errors": 0}
+                       "resizes": 0, "invalid_decisions": 0, "api_errors": 0, "moves_deferred": 0}
 
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> HarvestSnapshot:
@@ -131,7 +136,14 @@ class K8sInference:
     # ------------------------------------------------------------------ actuate
     def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None:
         assert self.state is not None, "observe before actuate"
+        moves = 0
         for d in decisions:
+            if isinstance(d, MigrateReplica | EvictReplica):
+                if moves >= self.max_moves:
+                    self.counts["moves_deferred"] += 1
+                    log.info("%s deferred: %d moves this round already (rate limit)", d, moves)
+                    continue
+                moves += 1
             try:
                 e = self.state.apply(d)
             except InvalidDecision as err:
