@@ -33,19 +33,24 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OPENB_NODES, OPENB_PODS  # noqa: E402
+from _common import OPENB_NODES, OPENB_PODS
 
-from reamer.backends.k8s.cluster import Informers  # noqa: E402
-from reamer.backends.k8s.devcluster import DevCluster, find_binaries  # noqa: E402
-from reamer.backends.k8s.inference import K8sInference  # noqa: E402
-from reamer.backends.k8s.kube import Kube, custom, nodes  # noqa: E402
-from reamer.cli.k8s import crds  # noqa: E402
-from reamer.domain import Node  # noqa: E402
-from reamer.domain.inference import HarvestSnapshot, NodeUsage, PlaceReplica, ServiceState  # noqa: E402
-from reamer.models.profiles import shipped_profiles  # noqa: E402
-from reamer.policies import make_policy  # noqa: E402
-from reamer.reports.results import document, run_entry, write_json  # noqa: E402
-from reamer.workloads.build import read_openb_nodes  # noqa: E402
+from reamer.backends.k8s.cluster import Informers
+from reamer.backends.k8s.devcluster import DevCluster, find_binaries
+from reamer.backends.k8s.inference import K8sInference
+from reamer.backends.k8s.kube import Kube, custom, nodes
+from reamer.cli.k8s import crds
+from reamer.domain import Node
+from reamer.domain.inference import (
+    HarvestSnapshot,
+    NodeUsage,
+    PlaceReplica,
+    ServiceState,
+)
+from reamer.models.profiles import shipped_profiles
+from reamer.policies import make_policy
+from reamer.reports.results import document, run_entry, write_json
+from reamer.workloads.build import read_openb_nodes
 
 MODEL, SLO_S = "resnet50", 0.25
 
@@ -159,7 +164,7 @@ def main() -> int:
     print(f"decision: {len(dec)} rounds placed pods", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="reamer-k8s-bench-") as tmp:
         b = binds(nodes_, load, args.pods, Path(tmp))
-    pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
+    pct = lambda xs, q: float(np.percentile(xs, q))
     metrics = {"decision_p50_ms": pct(dec, 50), "decision_p99_ms": pct(dec, 99), "bind_p50_ms": pct(b["bind"], 50),
                "bind_p99_ms": pct(b["bind"], 99), "round_per_pod_p50_ms": pct(b["round"], 50),
                "round_per_pod_p99_ms": pct(b["round"], 99), "nodes": len(nodes_), "pods": len(b["bind"]),

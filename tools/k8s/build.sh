@@ -11,11 +11,14 @@
 set -euo pipefail
 CACHE="${1:-$HOME/.cache/reamer/k8s-1.20.2}"
 BIN="$CACHE/bin"
-if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ]; then
+if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] && [ -x "$BIN/etcd" ]; then
   echo "cached: $BIN"; exit 0
 fi
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"; flock 9
+if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] && [ -x "$BIN/etcd" ]; then
+  echo "cached: $BIN (built meanwhile)"; exit 0
+fi
 export DEBIAN_FRONTEND=noninteractive
 need=""
 for p in golang-go rsync etcd-server golang-github-modern-go-reflect2-dev dpkg-dev make; do
@@ -40,8 +43,8 @@ fi
 cd "$SRC/tree"
 GOPROXY=off GOFLAGS=-mod=vendor make WHAT="cmd/kube-apiserver cmd/kube-controller-manager"
 mkdir -p "$BIN"
-for b in kube-apiserver kube-controller-manager; do
-  cp "$(find _output -type f -name "$b" -perm -u+x | head -1)" "$BIN/$b"
+for b in kube-apiserver kube-controller-manager; do  # copy, then rename: a running binary is replaced, not written
+  cp "$(find _output -type f -name "$b" -perm -u+x | head -1)" "$BIN/.$b.new" && mv -f "$BIN/.$b.new" "$BIN/$b"
 done
 ln -sf "$(command -v etcd)" "$BIN/etcd"
 "$BIN/kube-apiserver" --version

@@ -26,7 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    make_wsgi_app,
+)
 
 from reamer.backends.k8s.inference import K8sInference
 from reamer.backends.k8s.training import K8sTraining

@@ -17,9 +17,17 @@ from pathlib import Path
 import pytest
 
 from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.cluster import Informers
 from reamer.backends.k8s.devcluster import DEFAULT_CACHE, DevCluster, find_binaries
+from reamer.backends.k8s.inference import K8sInference
 from reamer.backends.k8s.kube import ApiError, Kube, custom, nodes, pods
+from reamer.backends.k8s.training import K8sTraining
 from reamer.cli.k8s import crds
+from reamer.models.profiles import shipped_profiles
+from reamer.policies import make_policy
+from reamer.runtime.k8s import controller_step, scheduler_step
+
+PROFILES = shipped_profiles()
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -122,3 +130,52 @@ def publish_slack(kube: Kube, node: str, *, reported_at: float, window_s: float 
         "reportedAt": reported_at, "windowSeconds": window_s, "cores": cores, "systemReserved": 0.0,
         "systemUsed": 0.0, "trainingUsed": sum(p.get("cpuUsed", 0.0) for p in pods_), "trainingNeed": training_need,
         "slack": max(0.0, cores - training_need), "pods": list(pods_)}})
+
+
+class Component:
+    """A component's backend and policy, one round at a time as the component runs it
+    (its caches re-listed first); ``round()`` returns the Round."""
+
+    def round(self):
+        self.inf.sync()
+        return self.step()
+
+    def stop(self) -> None:
+        self.inf.stop()
+
+
+class Controller(Component):
+    def __init__(self, kube: Kube, ns: str, policy: str = "nearchus", **kw) -> None:
+        self.inf = Informers(kube, ns, kinds=("nodes", "pods", "jobs", "slacks")).start()
+        self.backend = K8sTraining(kube, self.inf, ns, PROFILES.models, **kw)
+        self.policy = make_policy(policy, None, interval_s=5.0)
+        self.step = controller_step(self.backend, self.policy, time.time)
+
+
+class Scheduler(Component):
+    def __init__(self, kube: Kube, ns: str, stale_s: float = 30.0) -> None:
+        self.inf = Informers(kube, ns).start()
+        self.backend = K8sInference(kube, self.inf, ns, PROFILES.models, list(PROFILES.inference), stale_s=stale_s)
+        self.policy = make_policy("reamer", {"stale_s": stale_s, "stable_s": 0.0}, kind="harvest", interval_s=5.0,
+                                  profiles=PROFILES.inference)
+        self.step = scheduler_step(self.backend, self.policy, time.time)
+
+
+@pytest.fixture
+def components(kube, ns):
+    """``make("controller" | "scheduler", **kw)``; every component made is stopped after the test."""
+    made: list[Component] = []
+
+    def make(kind: str, **kw) -> Component:
+        c = (Scheduler if kind == "scheduler" else Controller)(kube, ns, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+@pytest.fixture
+def controller(components):
+    return lambda **kw: components("controller", **kw)

@@ -368,3 +368,11 @@ def test_measure_real_throttled_v1_pod_cgroup():
                     if err.errno != errno.EBUSY or time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
+
+
+def test_summarize_untyped_totals_count_and_empty_families_say_nothing():
+    before = {"reamer_a": {"type": "counter", "samples": []},
+              "reamer_a_total": {"type": "unknown", "samples": [("reamer_a_total", {}, 10.0)]}}
+    now = {"reamer_a": {"type": "counter", "samples": []},
+           "reamer_a_total": {"type": "unknown", "samples": [("reamer_a_total", {}, 30.0)]}}
+    assert summarize(now, before, 2.0) == {"reamer_a_total": 30.0, "reamer_a_total:rate": 10.0}

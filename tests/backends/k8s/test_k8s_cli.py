@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conftest import make_node
 from test_k8s_controller import training_job
+
 from reamer.backends.k8s.kube import custom
 
 REAMER = str(Path(sys.executable).parent / "reamer")

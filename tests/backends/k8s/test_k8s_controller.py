@@ -5,58 +5,19 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from conftest import Kubelet, make_node, publish_slack
-from reamer.backends.k8s import objects as ko
-from reamer.backends.k8s.cluster import Informers
-from reamer.backends.k8s.kube import ApiError, custom, pods, services
-from reamer.backends.k8s.training import K8sTraining
-from reamer.domain import Resize, Resources
-from reamer.models.profiles import shipped_profiles
-from reamer.policies import make_policy
-from reamer.runtime.k8s import controller_step
 
-MODELS = shipped_profiles().models
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.kube import ApiError, custom, pods, services
+from reamer.domain import Resize, Resources
 
 
 def training_job(name: str, ps: int = 1, workers: int = 2, cpu: str = "2", **spec) -> dict:
-    role = lambda n: {"replicas": n, "resources": {"cpu": cpu, "memory": "2Gi"},  # noqa: E731
+    role = lambda n: {"replicas": n, "resources": {"cpu": cpu, "memory": "2Gi"},
                       "template": {"metadata": {"labels": {"team": "vision"}},
                                    "spec": {"containers": [{"name": "train", "image": "reamer/ps-training"}]}}}
     return {"apiVersion": "reamer.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
             "spec": {"model": "resnet50", "samples": 1e6, "ps": role(ps), "worker": role(workers), **spec}}
-
-
-class Controller:
-    """The controller's backend and a policy, one round at a time (informers re-listed first)."""
-
-    def __init__(self, kube, ns, policy="nearchus", **kw) -> None:
-        self.inf = Informers(kube, ns, kinds=("nodes", "pods", "jobs", "slacks")).start()
-        self.backend = K8sTraining(kube, self.inf, ns, MODELS, **kw)
-        self.policy = make_policy(policy, None, interval_s=5.0)
-        self.step = controller_step(self.backend, self.policy, time.time)
-
-    def round(self):
-        """One round as the component runs it (control round + status report); its Round."""
-        self.inf.sync()
-        return self.step()
-
-    def stop(self):
-        self.inf.stop()
-
-
-@pytest.fixture
-def controller(kube, ns):
-    made = []
-
-    def make(**kw):
-        c = Controller(kube, ns, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def job_pods(kube, ns, job):

@@ -13,10 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from conftest import Kubelet, make_node, publish_slack
-from test_k8s_controller import Controller, job_pods, training_job
+from conftest import Controller, Kubelet, make_node, publish_slack
+from test_k8s_controller import job_pods, training_job
 from test_k8s_scheduler import inference_service, replica_pods
+
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.kube import custom
 from reamer.domain import Resize, Resources

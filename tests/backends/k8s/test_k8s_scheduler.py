@@ -6,57 +6,19 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from conftest import Kubelet, make_node, publish_slack
-from test_k8s_controller import Controller, job_pods, training_job
+from test_k8s_controller import job_pods, training_job
+
 from reamer.backends.k8s import objects as ko
-from reamer.backends.k8s.cluster import Informers
-from reamer.backends.k8s.inference import K8sInference
 from reamer.backends.k8s.kube import custom, pods
 from reamer.domain import Resize, Resources
 from reamer.domain.inference import EvictReplica, PlaceReplica
-from reamer.models.profiles import shipped_profiles
-from reamer.policies import make_policy
-from reamer.runtime.k8s import scheduler_step
-
-PROFILES = shipped_profiles()
 
 
 def inference_service(name: str, rate: float = 20.0, slo_ms: float = 250.0, **spec) -> dict:
     return {"apiVersion": "reamer.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
             "spec": {"model": "resnet50", "sloP99Ms": slo_ms, "memoryMiB": 1024, "ratePerSecond": rate,
                      "template": {"spec": {"containers": [{"name": "serve", "image": "reamer/inference"}]}}, **spec}}
-
-
-class Scheduler:
-    def __init__(self, kube, ns, stale_s: float = 30.0) -> None:
-        self.inf = Informers(kube, ns).start()
-        self.backend = K8sInference(kube, self.inf, ns, PROFILES.models, list(PROFILES.inference), stale_s=stale_s)
-        self.policy = make_policy("reamer", {"stale_s": stale_s, "stable_s": 0.0}, kind="harvest", interval_s=5.0,
-                                  profiles=PROFILES.inference)
-        self.step = scheduler_step(self.backend, self.policy, time.time)
-
-    def round(self):
-        self.inf.sync()
-        return self.step()
-
-    def stop(self):
-        self.inf.stop()
-
-
-@pytest.fixture
-def components(kube, ns):
-    made = []
-
-    def make(kind, **kw):
-        c = (Scheduler if kind == "scheduler" else Controller)(kube, ns, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def replica_pods(kube, ns, svc=None):

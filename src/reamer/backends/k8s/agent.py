@@ -24,7 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.kube import ApiError, Kube, custom, nodes
-from reamer.backends.local.cgroups import CgroupError, CpuStats, detect_version, read_cpu_stats
+from reamer.backends.local.cgroups import (
+    CgroupError,
+    CpuStats,
+    detect_version,
+    read_cpu_stats,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +139,9 @@ def summarize(now: dict[str, dict], before: dict[str, dict] | None, window_s: fl
     out: dict[str, float] = {}
     for name, fam in now.items():
         samples = fam["samples"]
-        if fam["type"] == "counter":
+        if not samples:
+            continue  # a family with no series says nothing (not a rate of 0)
+        if fam["type"] == "counter" or (fam["type"] in ("unknown", "untyped") and name.endswith("_total")):
             v = sum(s[2] for s in samples if s[0].endswith("_total") or s[0] == name)
             key = name if name.endswith("_total") else name + "_total"
             out[key] = v
@@ -274,18 +281,18 @@ class Agent:
         return max(0.0, (total - prev) / window - pods_used)
 
     def publish(self, status: dict) -> dict:
-        """Write the node's NodeSlack (created on first use)."""
+        """Write the node's NodeSlack status (the object is created, owned by its Node, on first use)."""
         path = custom("nodeslacks", name=self.node)
         try:
-            obj = self.kube.get(path)
+            return self.kube.merge_patch(path + "/status", {"status": status})
         except ApiError as e:
             if e.status != 404:
                 raise
-            node = self.kube.get(nodes(self.node))
-            obj = self.kube.create(custom("nodeslacks"), {
-                "apiVersion": "reamer.io/v1alpha1", "kind": "NodeSlack", "metadata": {
-                    "name": self.node, "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": self.node,
-                                                            "uid": ko.meta(node)["uid"]}]}, "spec": {}})
+        node = self.kube.get(nodes(self.node))
+        self.kube.create(custom("nodeslacks"), {
+            "apiVersion": "reamer.io/v1alpha1", "kind": "NodeSlack", "metadata": {
+                "name": self.node, "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": self.node,
+                                                        "uid": ko.meta(node)["uid"]}]}, "spec": {}})
         return self.kube.merge_patch(path + "/status", {"status": status})
 
     def round(self) -> dict:

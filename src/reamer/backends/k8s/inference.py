@@ -31,7 +31,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from reamer.backends.k8s import objects as ko
-from reamer.backends.k8s.cluster import ClusterObjects, Informers, cluster_nodes, training_state
+from reamer.backends.k8s.cluster import (
+    ClusterObjects,
+    Informers,
+    cluster_nodes,
+    training_state,
+)
 from reamer.backends.k8s.kube import ApiError, Kube, custom, pods
 from reamer.backends.k8s.telemetry import pod_reports, service_window
 from reamer.backends.k8s.training import Fault, no_fault
@@ -44,7 +49,13 @@ from reamer.backends.state.inference import (
     StopReplica,
 )
 from reamer.domain.decisions import InvalidDecision
-from reamer.domain.inference import EvictReplica, HarvestDecision, HarvestSnapshot, MigrateReplica, Replica
+from reamer.domain.inference import (
+    EvictReplica,
+    HarvestDecision,
+    HarvestSnapshot,
+    MigrateReplica,
+    Replica,
+)
 
 log = logging.getLogger(__name__)
 

@@ -188,7 +188,7 @@ def training_pod(tj: Obj, spec: TrainingJob, c: Container, containers: list[Cont
     the CPU limit is the allocation, bound to its node (the controller places gangs itself)."""
     m = meta(tj)
     role = "ps" if c.role is Role.PS else "worker"
-    tmpl = copy.deepcopy((tj["spec"][role].get("template") or {}))
+    tmpl = copy.deepcopy(tj["spec"][role].get("template") or {})
     pm = tmpl.get("metadata") or {}
     ps = tmpl.get("spec") or {}
     ctrs = ps.get("containers") or [{"name": "train", "image": "reamer/ps-training:latest"}]

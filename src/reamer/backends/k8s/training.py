@@ -31,10 +31,23 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from reamer.backends.k8s import objects as ko
-from reamer.backends.k8s.cluster import ClusterObjects, Informers, TrainingView, default_pod_name, training_state
+from reamer.backends.k8s.cluster import (
+    ClusterObjects,
+    Informers,
+    TrainingView,
+    default_pod_name,
+    training_state,
+)
 from reamer.backends.k8s.kube import ApiError, Kube, custom, pods, services
 from reamer.backends.k8s.telemetry import job_telemetry, newest_report, pod_reports
-from reamer.backends.state.training import Effect, JobRecord, Launch, Reshape, SetQuota, Stop
+from reamer.backends.state.training import (
+    Effect,
+    JobRecord,
+    Launch,
+    Reshape,
+    SetQuota,
+    Stop,
+)
 from reamer.domain import ClusterSnapshot, Decision, JobState, JobTelemetry, Role
 from reamer.domain.decisions import InvalidDecision
 from reamer.policies.diagnosis import Thresholds, diagnose
