@@ -32,7 +32,7 @@ PROFILES = shipped_profiles()
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _binaries() -> tuple[Path | None, str]:
+def _binaries(say) -> tuple[Path | None, str]:
     bin_dir, why = find_binaries()
     if bin_dir is not None:
         return bin_dir, ""
@@ -40,19 +40,30 @@ def _binaries() -> tuple[Path | None, str]:
         return None, f"{why} (and no apt-get here to build them)"
     DEFAULT_CACHE.mkdir(parents=True, exist_ok=True)
     log = DEFAULT_CACHE / "build.log"
-    print(f"\nbuilding kube-apiserver 1.20.2 once into {DEFAULT_CACHE} (about 4-7 min; log: {log}) ...",
-          file=sys.__stderr__, flush=True)
+    say(f"building kube-apiserver 1.20.2 once into {DEFAULT_CACHE} (about 4-7 min; log: {log})")
+    t0 = time.monotonic()
     with log.open("w") as out:
-        r = subprocess.run([str(REPO / "tools" / "k8s" / "build.sh")], stdout=out, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
-        return None, f"tools/k8s/build.sh failed (exit {r.returncode}): see {log}"
-    print("built.", file=sys.__stderr__, flush=True)
+        p = subprocess.Popen([str(REPO / "tools" / "k8s" / "build.sh")], stdout=out, stderr=subprocess.STDOUT)
+        while p.poll() is None:
+            time.sleep(1)
+            if int(time.monotonic() - t0) % 30 == 0:
+                last = (log.read_text(errors="replace").strip().splitlines() or [""])[-1].strip()
+                say(f"  still building ({time.monotonic() - t0:.0f} s): {last[:100]}")
+    if p.returncode != 0:
+        return None, f"tools/k8s/build.sh failed (exit {p.returncode}): see {log}"
+    say(f"built in {time.monotonic() - t0:.0f} s")
     return find_binaries()
 
 
 @pytest.fixture(scope="session")
-def devcluster(tmp_path_factory) -> DevCluster:
-    bin_dir, why = _binaries()
+def devcluster(tmp_path_factory, pytestconfig) -> DevCluster:
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:  # progress on the terminal, past pytest's capture
+        with capman.global_and_fixture_disabled():
+            print(line, file=sys.stderr, flush=True)
+
+    bin_dir, why = _binaries(say)
     if bin_dir is None:
         pytest.skip(f"no kube-apiserver: {why}")
     dc = DevCluster(bin_dir, tmp_path_factory.mktemp("apiserver"), extra_users={"alice": ("devs",)}).start()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.kube import Kube, Obj, Reflector, custom, nodes, pods
 from reamer.backends.state.training import ClusterState
-from reamer.domain import Container
+from reamer.domain import Container, Node
 from reamer.domain.decisions import InvalidDecision
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,10 @@ class Informers:
             r.stop()
 
     def objects(self) -> ClusterObjects:
-        get = {k: (r.items() if k in self.reflectors else []) for k, r in
-               ((k, self.reflectors.get(k)) for k in ("nodes", "pods", "jobs", "services", "slacks"))}
-        return ClusterObjects(get["nodes"], get["pods"], get["jobs"], get["services"],
-                              {ko.meta(s)["name"]: s for s in get["slacks"]})
+        """What the caches hold now (a kind not watched is empty)."""
+        get = {k: r.items() for k, r in self.reflectors.items()}
+        return ClusterObjects(get.get("nodes", []), get.get("pods", []), get.get("jobs", []), get.get("services", []),
+                              {ko.meta(s)["name"]: s for s in get.get("slacks", [])})
 
     def put(self, kind: str, obj: Obj) -> None:
         self.reflectors[kind].put(obj)
@@ -92,7 +92,7 @@ class TrainingView:
     done: set[str] = field(default_factory=set)
 
 
-def cluster_nodes(objs: ClusterObjects) -> list:
+def cluster_nodes(objs: ClusterObjects) -> list[Node]:
     foreign: dict[str, list[Obj]] = {}
     for p in objs.pods:
         node = (p.get("spec") or {}).get("nodeName")

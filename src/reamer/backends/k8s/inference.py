@@ -260,10 +260,14 @@ class K8sInference:
         once its successor is Ready."""
         objs = self.informers.objects()
         by_name = {ko.meta(p)["name"]: p for p in objs.pods}
+        services = {ko.meta(s)["name"] for s in objs.services}
         for p in objs.pods:
             if ko.SERVICE not in ko.labels(p) or ko.deleting(p) or ko.terminated(p):
                 continue
             try:
+                if ko.labels(p)[ko.SERVICE] not in services:  # its service is gone (no garbage collector)
+                    self.kube.delete(pods(self.ns, ko.meta(p)["name"]), uid=ko.meta(p).get("uid"))
+                    continue
                 self._bind(p)
                 old = ko.annotations(p).get(ko.REPLACES)
                 if old and old in by_name and not ko.deleting(by_name[old]) and ko.ready(p):
