@@ -234,6 +234,21 @@ def test_surplus_is_removed_only_after_scale_down_window():
     assert capacity(svcs[0]) >= 5.0 * (1 + CFG.headroom)
 
 
+def test_a_service_s_own_replica_bounds_hold():
+    pol = reamer()
+    nodes = tuple(gpu(f"g{i}") for i in range(4)) + POOL
+    usage = {f"g{i}": use(f"g{i}", 8.0) for i in range(4)}
+    low = ServiceState("low", "resnet50", RESNET_SLO, 1.0, min_replicas=3)
+    high = ServiceState("high", "resnet50", RESNET_SLO, 400.0, max_replicas=2)
+    out = pol.decide(HarvestSnapshot(0.0, nodes, usage, (low, high)))
+    placed = [d.service for d in out if isinstance(d, PlaceReplica)]
+    assert placed.count("low") == 3  # one replica would carry 1 req/s; the floor is 3
+    assert placed.count("high") == 2  # 400 req/s would take more; the ceiling is 2
+    unbounded = ServiceState("high", "resnet50", RESNET_SLO, 400.0)
+    assert sum(isinstance(d, PlaceReplica) for d in reamer().decide(HarvestSnapshot(0.0, nodes, usage,
+                                                                                     (unbounded,)))) > 2
+
+
 # ------------------------------------------------------------------------------ placement
 
 

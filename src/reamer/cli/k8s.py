@@ -100,14 +100,38 @@ def install_crds(kubeconfig: Kubeconfig = None,
     print(json.dumps(done) if json_out else "\n".join(f"{k}: {v}" for k, v in done.items()))
 
 
+Stale = Annotated[float, typer.Option(help="seconds after which a node's NodeSlack is no evidence of slack")]
+MaxMoves = Annotated[int, typer.Option(min=1, help="migrations + evictions per round")]
+Rounds = Annotated[int | None, typer.Option(help="stop after this many rounds")]
+
+
+def _harvester(kube, inf, namespace: str, policy: str, stale: float, max_moves: int, interval: float, fault,
+               source: str):
+    """The scheduler's backend and its harvesting policy (``source``: the option that named it)."""
+    from reamer.backends.k8s.inference import K8sInference
+    from reamer.models.profiles import shipped_profiles
+    from reamer.policies import REGISTRY, make_policy
+
+    prof = shipped_profiles()
+    entry = REGISTRY.get(policy)
+    opts = {"stale_s": stale} if entry is not None and "stale_s" in entry.config.model_fields else None
+    pol = make_policy(policy, opts, kind="harvest", interval_s=interval, profiles=prof.inference,
+                      source=source, field="value")
+    return K8sInference(kube, inf, namespace, prof.models, list(prof.inference), stale_s=stale,
+                        max_moves_per_round=max_moves, fault=fault), pol
+
+
 @app.command()
 def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", interval: Interval = 10.0,
                policy: Annotated[str, typer.Option(help="training policy")] = "nearchus",
+               harvest: Annotated[str | None, typer.Option(help="also run this harvesting policy in the same "
+                                                                "process (joint rounds; no separate scheduler)")]
+               = None,
                yield_timeout: Annotated[float, typer.Option(help="seconds a grown pod waits for inference to "
                                                                  "leave its node")] = 60.0,
+               stale: Stale = 30.0, max_moves: MaxMoves = 5,
                metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
-               rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
-               crash_at: CrashAt = None) -> None:
+               rounds: Rounds = None, crash_at: CrashAt = None) -> None:
     """Reconcile TrainingJobs with a training policy (NEARCHUS): pods, resizes, PS/worker changes."""
     from reamer.backends.k8s.cluster import Informers
     from reamer.backends.k8s.training import K8sTraining, no_fault
@@ -115,51 +139,52 @@ def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", 
     from reamer.policies import make_policy
     from reamer.runtime import k8s as rt
 
+    fault = rt.crash_at(crash_at) if crash_at else no_fault
     try:
         pol = make_policy(policy, None, interval_s=interval, source="--policy", field="value")
         kube = _connect(kubeconfig)
+        if harvest is not None:
+            inf = Informers(kube, namespace)
+            hb, hpol = _harvester(kube, inf, namespace, harvest, stale, max_moves, interval, fault, "--harvest")
+        else:
+            inf = Informers(kube, namespace, kinds=("nodes", "pods", "jobs", "slacks"))
     except InputError as e:
         _fail(e)
-    inf = Informers(kube, namespace, kinds=("nodes", "pods", "jobs", "slacks")).start()
-    backend = K8sTraining(kube, inf, namespace, shipped_profiles().models, yield_timeout_s=yield_timeout,
-                          fault=rt.crash_at(crash_at) if crash_at else no_fault)
+    inf.start()
+    backend = K8sTraining(kube, inf, namespace, shipped_profiles().models, yield_timeout_s=yield_timeout, fault=fault)
+    if harvest is not None:
+        step = rt.joint_step(backend, pol, hb, hpol, time.time)
+        counts = lambda: {**backend.counts, **{f"inference_{k}": v for k, v in hb.counts.items()}}  # noqa: E731
+    else:
+        step, counts = rt.controller_step(backend, pol, time.time), lambda: backend.counts
     health, metrics = _serve("controller", interval, metrics_port, metrics_host,
                              lambda: all(r.synced.is_set() for r in inf.reflectors.values()))
-    log.info("controller: namespace %s, policy %s, every %.1f s", namespace, policy, interval)
-    rt.loop(rt.controller_step(backend, pol, time.time), interval_s=interval, stop=_stop_on_signals(),
-            health=health, metrics=metrics, counts=lambda: backend.counts, max_rounds=rounds)
+    log.info("controller: namespace %s, policy %s%s, every %.1f s", namespace, policy,
+             f" + {harvest} (joint rounds)" if harvest else "", interval)
+    rt.loop(step, interval_s=interval, stop=_stop_on_signals(), health=health, metrics=metrics, counts=counts,
+            max_rounds=rounds)
     inf.stop()
 
 
 @app.command()
 def scheduler(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", interval: Interval = 10.0,
               policy: Annotated[str, typer.Option(help="harvesting policy")] = "reamer",
-              stale: Annotated[float, typer.Option(help="seconds after which a node's NodeSlack is no "
-                                                        "evidence of slack")] = 30.0,
-              max_moves: Annotated[int, typer.Option(min=1, help="migrations + evictions per round")] = 5,
+              stale: Stale = 30.0, max_moves: MaxMoves = 5,
               metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
-              rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
-              crash_at: CrashAt = None) -> None:
+              rounds: Rounds = None, crash_at: CrashAt = None) -> None:
     """Place and guard InferenceService pods (schedulerName: reamer) on the published slack."""
     from reamer.backends.k8s.cluster import Informers
-    from reamer.backends.k8s.inference import K8sInference
     from reamer.backends.k8s.training import no_fault
-    from reamer.models.profiles import shipped_profiles
-    from reamer.policies import REGISTRY, make_policy
     from reamer.runtime import k8s as rt
 
-    prof = shipped_profiles()
-    entry = REGISTRY.get(policy)
-    opts = {"stale_s": stale} if entry is not None and "stale_s" in entry.config.model_fields else None
     try:
-        pol = make_policy(policy, opts, kind="harvest", interval_s=interval, profiles=prof.inference,
-                          source="--policy", field="value")
         kube = _connect(kubeconfig)
+        inf = Informers(kube, namespace)
+        backend, pol = _harvester(kube, inf, namespace, policy, stale, max_moves, interval,
+                                  rt.crash_at(crash_at) if crash_at else no_fault, "--policy")
     except InputError as e:
         _fail(e)
-    inf = Informers(kube, namespace).start()
-    backend = K8sInference(kube, inf, namespace, prof.models, list(prof.inference), stale_s=stale,
-                           max_moves_per_round=max_moves, fault=rt.crash_at(crash_at) if crash_at else no_fault)
+    inf.start()
     health, metrics = _serve("scheduler", interval, metrics_port, metrics_host,
                              lambda: all(r.synced.is_set() for r in inf.reflectors.values()))
     rt.loop(rt.scheduler_step(backend, pol, time.time), interval_s=interval, stop=_stop_on_signals(),
@@ -174,7 +199,7 @@ def agent(node: Annotated[str, typer.Option(help="this node's name (the DaemonSe
           proc_root: Annotated[Path, typer.Option(help="the node's /proc")] = Path("/proc"),
           system_reserved: Annotated[float, typer.Option(help="cores kept for the system")] = 1.0,
           metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
-          rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None) -> None:
+          rounds: Rounds = None) -> None:
     """Measure this node's pods (cgroups, network, their metrics) and publish its NodeSlack."""
     from reamer.backends.k8s.agent import Agent
     from reamer.backends.local.cgroups import CgroupError

@@ -85,6 +85,8 @@ class ServiceState:
     replicas: tuple[Replica, ...] = ()
     observed_p99_s: float | None = None
     mem_mib_per_replica: float = 2048.0
+    min_replicas: int | None = None  # the service's own bounds (None: the policy's defaults)
+    max_replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

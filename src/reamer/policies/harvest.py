@@ -417,14 +417,16 @@ class Harvester:
         for s in r.snap.services:
             reps = r.live(s.id)
             need = r.need[s.id]
+            lo = cfg.min_replicas if s.min_replicas is None else s.min_replicas
+            hi = math.inf if s.max_replicas is None else s.max_replicas
             capsum = sum(self._cap(r, p) for p in reps)
-            if capsum < need - EPS or len(reps) < cfg.min_replicas:
+            if (capsum < need - EPS or len(reps) < lo) and len(reps) < hi:
                 self._surplus_since.pop(s.id, None)
                 shapes = self.shapes(s)
                 if not shapes:
                     continue  # no shape meets the SLO at all
                 for _ in range(cfg.max_new_per_round):
-                    if capsum >= need - EPS and len(reps) >= cfg.min_replicas:
+                    if (capsum >= need - EPS and len(reps) >= lo) or len(reps) >= hi:
                         break
                     placed = self._place_new(r, s, shapes)
                     if placed is None:
@@ -438,7 +440,7 @@ class Harvester:
             drop, left, n = [], capsum, len(reps)
             for p in order:
                 c = self._cap(r, p)
-                if left - c >= need - EPS and n - 1 >= cfg.min_replicas:
+                if (left - c >= need - EPS or n > hi) and n - 1 >= lo:
                     drop.append(p)
                     left -= c
                     n -= 1

@@ -36,7 +36,7 @@ from prometheus_client import (
 
 from reamer.backends.k8s.inference import K8sInference
 from reamer.backends.k8s.training import K8sTraining
-from reamer.control import HarvestPolicy, Policy, Round, control_round, harvest_round
+from reamer.control import HarvestPolicy, Policy, Round, control_round, harvest_round, joint_round
 from reamer.runtime.rounds import thresholds_of
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,22 @@ def scheduler_step(backend: K8sInference, policy: HarvestPolicy, clock: Callable
         for d in rnd.decisions:
             log.info("decided %s", d)
         return rnd
+
+    return step
+
+
+def joint_step(backend: K8sTraining, policy: Policy, harvest: K8sInference, harvest_policy: HarvestPolicy,
+               clock: Callable[[], float]) -> Callable[[], Round]:
+    """One process for both (small clusters): :func:`reamer.control.joint_round` — training
+    decides, inference moves first, then training records its shape and converges."""
+    th = thresholds_of(policy)
+
+    def step() -> Round:
+        rnd, hrnd = joint_round(backend, policy, harvest, harvest_policy, clock())
+        for d in (*rnd.decisions, *hrnd.decisions):
+            log.info("decided %s", d)
+        backend.report(rnd.decisions, th, rnd.now)
+        return Round(rnd.now, (*rnd.decisions, *hrnd.decisions), rnd.snapshot)
 
     return step
 

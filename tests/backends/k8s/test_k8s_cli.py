@@ -59,3 +59,21 @@ def test_controller_serves_health_and_metrics(kube, ns, devcluster):
     finally:
         p.terminate()
         assert p.wait(20) == 0  # SIGTERM: the loop ends after its round
+
+
+def test_controller_with_harvest_runs_both_in_joint_rounds(kube, ns, devcluster):
+    from conftest import publish_slack
+    from test_k8s_scheduler import inference_service, replica_pods
+
+    make_node(kube, "gpu-a", 16)
+    publish_slack(kube, "gpu-a", reported_at=time.time() + 60, cores=16)
+    kube.create(custom("trainingjobs", ns), training_job("j", ps=1, workers=1))
+    kube.create(custom("inferenceservices", ns), inference_service("vgg"))
+    cmd = [REAMER, "k8s", "controller", "--kubeconfig", str(devcluster.kubeconfig()), "-n", ns, "--interval", "0.2",
+           "--policy", "static", "--harvest", "reamer", "--rounds", "3"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert kube.get(custom("trainingjobs", ns, "j"))["status"]["phase"] == "Running"
+    assert [x["spec"].get("nodeName") for x in replica_pods(kube, ns, "vgg")] == ["gpu-a"]
+    bad = subprocess.run([*cmd[:-4], "--harvest", "nearchus"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--harvest" in bad.stderr and "harvest policies" in bad.stderr

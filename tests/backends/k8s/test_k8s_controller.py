@@ -9,7 +9,7 @@ from conftest import Kubelet, make_node, publish_slack
 
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.kube import ApiError, custom, pods, services
-from reamer.domain import Resize, Resources
+from reamer.domain import RemoveContainer, Resize, Resources
 
 
 def training_job(name: str, ps: int = 1, workers: int = 2, cpu: str = "2", **spec) -> dict:
@@ -195,3 +195,18 @@ def test_a_conflicting_write_drops_the_decision_and_the_next_round_redecides(kub
     c.round()
     assert len(job_pods(kube, ns, "race")) == 2
     assert kube.get(custom("trainingjobs", ns, "race"))["status"]["phase"] == "Running"
+
+
+def test_a_job_keeps_its_spec_minimum(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    tj = training_job("floor", ps=2, workers=2)
+    tj["spec"]["ps"]["min"] = 2
+    kube.create(custom("trainingjobs", ns), tj)
+    c = controller(policy="static")
+    c.round()
+    c.inf.sync()
+    c.backend.observe(time.time())
+    ps = [cid for cid in c.backend.view.state.owner if "/ps" in cid]
+    c.backend.actuate([RemoveContainer(ps[0])], time.time())
+    assert c.backend.counts["invalid_decisions"] == 1
+    assert kube.get(custom("trainingjobs", ns, "floor"))["status"]["ps"] == 2

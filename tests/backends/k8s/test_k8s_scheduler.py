@@ -11,6 +11,7 @@ from test_k8s_controller import job_pods, training_job
 
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.kube import custom, pods
+from reamer.control import joint_round
 from reamer.domain import Resize, Resources
 from reamer.domain.inference import EvictReplica, PlaceReplica
 
@@ -169,3 +170,38 @@ def test_moves_are_rate_limited_per_round(kube, ns, components):
     s.backend.max_moves = 1
     s.backend.actuate([EvictReplica(r) for r in rids], time.time())
     assert s.backend.counts["evictions"] == 1 and s.backend.counts["moves_deferred"] == len(rids) - 1
+
+
+def test_one_process_joint_round_moves_inference_in_the_round_training_grows(kube, ns, components):
+    """``reamer k8s controller --harvest reamer``: control.joint_round over both backends."""
+    make_node(kube, "gpu-a", 16)
+    fresh(kube, "gpu-a")
+    kube.create(custom("trainingjobs", ns), training_job("grow", ps=1, workers=1, cpu="2"))
+    ctl, sch = components("controller", policy="static"), components("scheduler")
+    kubelet = Kubelet(kube, ns)
+    ctl.round()
+    kubelet.sync()
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
+    sch.round()
+    kubelet.sync()
+    [old] = replica_pods(kube, ns, "vgg")
+    make_node(kube, "gpu-b", 16)
+    fresh(kube, "gpu-a", "gpu-b")
+
+    class Grow:  # a training policy that grows the worker once: the decision joint_round orders
+        name, interval_s = "grow", 5.0
+
+        def decide(self, snap):
+            [job] = snap.running
+            w = next(c for c in job.containers if c.role.value == "worker")
+            return [Resize(w.id, Resources(13.0, 2048.0))] if w.res.cpu < 13 else []
+
+    ctl.inf.sync()
+    sch.inf.sync()
+    rnd, hrnd = joint_round(ctl.backend, Grow(), sch.backend, sch.policy, time.time())
+    assert [type(d).__name__ for d in rnd.decisions] == ["Resize"]
+    assert [type(d).__name__ for d in hrnd.decisions] == ["MigrateReplica"]  # decided in the same round
+    new = [p for p in replica_pods(kube, ns, "vgg") if ko.annotations(p).get(ko.REPLACES) == ko.meta(old)["name"]]
+    assert new and new[0]["spec"]["nodeName"] == "gpu-b"
+    [w] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
+    assert ko.pod_cpu_limit(w) == 2.0  # training waits until the old replica is gone

@@ -19,6 +19,11 @@ At most ``max_moves_per_round`` migrations and evictions are carried out per rou
 policy decides the rest again next round (a rate limit on disruption; the policy's own
 cooldown and hysteresis keep it from flapping).
 
+Run alone (``reamer k8s scheduler``), it sees training's growth in the TrainingJobs' status;
+beside the controller in one process (``reamer k8s controller --harvest reamer``) it is the
+:class:`~reamer.control.JointHarvestBackend` of :func:`reamer.control.joint_round` and sees
+the round's training decisions before they are recorded (:meth:`expect`).
+
 A restarted scheduler finds half-done work in the pods (unbound targets, ``replaces``
 annotations) and finishes it.
 """
@@ -76,6 +81,7 @@ class K8sInference:
         self.crs: dict[str, dict] = {}
         self.pod_of: dict[str, str] = {}  # replica id -> pod name
         self._status: dict[str, dict] = {}  # service -> status patch to write this round
+        self._expect: tuple = ()  # the joint round: training decisions about to be applied
         self.counts = {"binds": 0, "bind_refused_stale": 0, "evictions": 0, "evictions_refused": 0, "migrations": 0,
                        "resizes": 0, "invalid_decisions": 0, "api_errors": 0, "moves_deferred": 0}
 
@@ -98,6 +104,7 @@ class K8sInference:
                 continue
             mine = [p for p in alive if ko.labels(p)[ko.SERVICE] == name]
             rec = ServiceRecord(name, spec.model, spec.slo_p99_s, spec.mem_mib,
+                                min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
                                 observed_rates=[float(x) for x in st.get("rates") or []],
                                 last_p99_s=(float(st["p99Ms"]) / 1e3 if st.get("p99Ms") is not None else None))
             idx = [ko.replica_index(p) for p in objs.pods if ko.labels(p).get(ko.SERVICE) == name]
@@ -114,6 +121,9 @@ class K8sInference:
             first[name] = spec.rate_per_s
             self.crs[name] = isvc
         self.state = ReplicaState(tview.state, records, nodes, self.pool)
+        if self._expect:
+            self.state.expect(self._expect)
+            self._expect = ()
         usage = {}
         for n in nodes:
             st = (objs.slacks.get(n.name) or {}).get("status") or {}
@@ -143,6 +153,11 @@ class K8sInference:
         log.warning("InferenceService %s cannot run: %s", ko.meta(isvc)["name"], err)
         self._patch_status(ko.meta(isvc)["name"], {"conditions": ko.set_condition(
             st.get("conditions"), "Invalid", True, err.reason, str(err), now)})
+
+    def expect(self, decisions: Sequence) -> None:
+        """The joint round in one process (:func:`reamer.control.joint_round`): training is
+        about to apply ``decisions``; the next :meth:`observe` counts what they take."""
+        self._expect = tuple(decisions)
 
     # ------------------------------------------------------------------ actuate
     def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None:

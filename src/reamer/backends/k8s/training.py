@@ -48,7 +48,7 @@ from reamer.backends.state.training import (
     SetQuota,
     Stop,
 )
-from reamer.domain import ClusterSnapshot, Decision, JobState, JobTelemetry, Role
+from reamer.domain import ClusterSnapshot, Decision, JobState, JobTelemetry, RemoveContainer, Role
 from reamer.domain.decisions import InvalidDecision
 from reamer.policies.diagnosis import Thresholds, diagnose
 
@@ -119,6 +119,8 @@ class K8sTraining:
         effects: dict[str, list[Effect]] = {}
         for d in decisions:
             try:
+                if isinstance(d, RemoveContainer):
+                    self._check_min(d.container)
                 e = self.view.state.apply(d, now)
             except InvalidDecision as err:
                 self.counts["invalid_decisions"] += 1
@@ -127,6 +129,19 @@ class K8sTraining:
             effects.setdefault(e.job, []).append(e)
         self._commit(effects, now)
         self.converge(now)
+
+    def _check_min(self, cid: str) -> None:
+        """A job keeps the PS / workers its spec's ``min`` asks for (the shared state keeps one)."""
+        view = self.view
+        assert view is not None
+        jid = view.state.owner.get(cid)
+        if jid is None or jid not in view.crs:
+            return
+        c = view.state.container(cid)
+        role = "ps" if c.role is Role.PS else "worker"
+        lo = int(view.crs[jid]["spec"][role].get("min", 1))
+        if view.state.jobs[jid].count(c.role) <= lo:
+            raise InvalidDecision(f"remove {cid}: spec.{role}.min is {lo}")
 
     def _commit(self, effects: dict[str, list[Effect]], now: float) -> None:
         """Record each job's new shape in its status (optimistic concurrency)."""

@@ -47,6 +47,8 @@ class ServiceRecord:
     next_id: int = 0
     observed_rates: list[float] = field(default_factory=list)  # requests/s per past window
     last_p99_s: float | None = None  # the last window's p99 (None: nothing measured)
+    min_replicas: int | None = None  # the service's own bounds (None: the policy's defaults)
+    max_replicas: int | None = None
 
     def forecast(self, first: float) -> float:
         """The rate expected next window: the last two windows' trend, never below the last
@@ -193,6 +195,7 @@ class ReplicaState:
         before any window was measured."""
         self._expected = {}
         services = tuple(ServiceState(s.id, s.model, s.slo_p99_s, s.forecast(first_rates[s.id]),
-                                      tuple(s.replicas.values()), s.last_p99_s, s.mem_mib_per_replica)
+                                      tuple(s.replicas.values()), s.last_p99_s, s.mem_mib_per_replica,
+                                      s.min_replicas, s.max_replicas)
                          for s in self.services.values())
         return HarvestSnapshot(now, self.nodes, usage, services, self.pool)
