@@ -97,9 +97,10 @@ def test_network_bound_job_gets_a_ps(kube, ns, controller):
     assert env["REAMER_PS_HOSTS"].count(",") == 1
 
 
-def test_resize_falls_back_to_recreate_on_1_20(kube, ns, controller):
+@pytest.mark.parametrize("fallback", ["RestartJob", "RecreatePod"])
+def test_resize_falls_back_to_recreate_on_1_20(kube, ns, controller, fallback):
     make_node(kube, "node-a", 32)
-    kube.create(custom("trainingjobs", ns), training_job("grow", ps=1, workers=1, cpu="2"))
+    kube.create(custom("trainingjobs", ns), training_job("grow", ps=1, workers=1, cpu="2", resizeFallback=fallback))
     c = controller(policy="static")
     c.round()
     Kubelet(kube, ns).sync()
@@ -109,12 +110,19 @@ def test_resize_falls_back_to_recreate_on_1_20(kube, ns, controller):
     c.backend.actuate([Resize(worker, Resources(5.0, 2048.0))], time.time())
     st = kube.get(custom("trainingjobs", ns, "grow"))["status"]
     rec = next(x for x in st["containers"] if x["role"] == "worker")
-    assert rec["cpu"] == 5.0 and rec["pod"].endswith("-r1"), rec  # 1.20: no pods/resize → a new pod
-    assert c.backend.counts["recreates"] == 1
-    Kubelet(kube, ns).sync()
-    c.round()
-    ws = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
-    assert [ko.meta(p)["name"] for p in ws] == [rec["pod"]] and ko.pod_cpu_limit(ws[0]) == 5.0
+    assert c.backend.counts["recreates"] == 1 and c.backend.counts["resizes"] == 0  # 1.20: no pods/resize
+    if fallback == "RestartJob":  # the whole job restarts from its checkpoint in a new epoch
+        assert st["epoch"] == 2 and all(x["pod"].endswith("-e2") for x in st["containers"])
+    else:  # only that pod, under a new name
+        assert st["epoch"] == 1 and rec["pod"].endswith("-e1-r1")
+    assert rec["cpu"] == 5.0
+    for _ in range(2):
+        Kubelet(kube, ns).sync()
+        c.round()
+    live = job_pods(kube, ns, "grow")
+    assert sorted(ko.meta(p)["name"] for p in live) == sorted(x["pod"] for x in st["containers"])
+    [w] = [p for p in live if ko.labels(p)[ko.ROLE] == "worker"]
+    assert ko.pod_cpu_limit(w) == 5.0
 
 
 def test_schema_violations_are_rejected_by_the_api_server(kube, ns):

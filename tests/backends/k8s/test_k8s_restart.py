@@ -98,9 +98,12 @@ def test_controller_killed_between_resize_and_recreate_converges(kube, ns, devcl
     kubelet.sync()
     p = run(devcluster, ns, "controller", "--policy", "static", rounds=4)
     assert p.returncode == 0, p.stderr[-2000:]
+    kubelet.sync()
+    p = run(devcluster, ns, "controller", "--policy", "static", rounds=4)
+    assert p.returncode == 0, p.stderr[-2000:]
     st = check_job(kube, ns, "rs", uid)
     rec = next(x for x in st["containers"] if x["name"] == worker.split("/")[1])
-    assert rec["cpu"] == 6.0 and rec["pod"].endswith("-r1")
+    assert rec["cpu"] == 6.0 and st["epoch"] == 2  # the job restarted from its checkpoint at the new size
     assert len(job_pods(kube, ns, "rs")) == 3
 
 

@@ -12,8 +12,11 @@ recorded shapes:
   from the checkpoint in a new epoch; pods of an older epoch are deleted first and the new
   ones created only once they are gone, so their checkpoint is written before it is read);
 * a CPU change is ``PATCH pods/{name}/resize`` (Kubernetes ≥ 1.33); where the server has no
-  such subresource (404) or the kubelet answers ``Infeasible``, the pod is recreated under a
-  new name, recorded in the status before the old pod is deleted;
+  such subresource (404) or the kubelet answers ``Infeasible``, the job's ``resizeFallback``
+  says what happens: ``RestartJob`` (default: the whole job restarts from its checkpoint in a
+  new epoch, as a PS job whose cluster spec is fixed needs) or ``RecreatePod`` (only that
+  pod, under a new name recorded in the status before the old pod is deleted: for frameworks
+  whose workers may restart alone);
 * a pod is created on a node only when the node's recorded training shape plus the inference
   pods there fit its cores — inference moves first (the scheduler sees the new shape in the
   status and migrates); after ``yield_timeout_s`` training takes its cores anyway.
@@ -284,8 +287,8 @@ class K8sTraining:
                 continue
             p = existing.get(name)
             if p is not None:
-                if not ko.deleting(p):
-                    self._resize_if_needed(jid, j, epoch, p, c, now)
+                if not ko.deleting(p) and self._resize_if_needed(jid, j, epoch, p, c, now):
+                    return  # restarting in a new epoch: the next round converges to it
                 continue
             if older or ko.short(c.id) in busy:
                 continue  # the old incarnation checkpoints and goes first
@@ -309,18 +312,20 @@ class K8sTraining:
         if [(c["type"], c["status"]) for c in want] != [(c.get("type"), c.get("status")) for c in conds or []]:
             self._merge_status(jid, {"conditions": want})
 
-    def _resize_if_needed(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float) -> None:
+    def _resize_if_needed(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float) -> bool:
+        """Bring ``pod`` to ``c``'s CPU: in place, else by the job's ``resizeFallback``. True when
+        the job was moved to a new epoch (its other pods are not touched this round)."""
         infeasible = any(x.get("type") == "PodResizePending" and x.get("reason") == "Infeasible"
                          for x in (pod.get("status") or {}).get("conditions") or [])
         if not infeasible and abs(ko.pod_cpu_limit(pod) - c.res.cpu) < 1e-6:
-            return
+            return False
         name = ko.meta(pod)["name"]
         if not infeasible:
             try:
                 new = self.kube.resize(self.ns, name, [resize_patch(pod, c.res.cpu)])
                 self.informers.put("pods", new)
                 self.counts["resizes"] += 1
-                return
+                return False
             except ApiError as e:
                 if e.status not in (404, 405, 422):
                     raise
@@ -328,13 +333,24 @@ class K8sTraining:
                     log.warning("pod %s: in-place resize refused (%s): recreating it", name, e.message)
                 else:
                     log.info("pod %s: no in-place resize on this server (%s): recreating it", name, e.status)
-        # recreate under a new name, recorded first: the next converge deletes the old pod
-        m = re.search(r"-r(\d+)$", name)
-        self.view.pod_names[c.id] = f"{default_pod_name(c, epoch)}-r{int(m.group(1)) + 1 if m else 1}"
+        view = self.view
+        assert view is not None
         self.counts["recreates"] += 1
-        if self._write_status(jid, j, epoch, "Running", now):
-            self._delete(pod)
+        if view.crs[jid]["spec"].get("resizeFallback", "RestartJob") == "RecreatePod":
+            # this pod alone, under a new name recorded first; the next converge deletes the old one
+            m = re.search(r"-r(\d+)$", name)
+            view.pod_names[c.id] = f"{default_pod_name(c, epoch)}-r{int(m.group(1)) + 1 if m else 1}"
+            if self._write_status(jid, j, epoch, "Running", now):
+                self._delete(pod)
+                self.fault("resize-recreate")
+            return False
+        # the whole job restarts from its checkpoint in a new epoch (a PS job's cluster spec is fixed)
+        for x in j.containers.values():
+            view.pod_names[x.id] = default_pod_name(x, epoch + 1)
+        if self._write_status(jid, j, epoch + 1, "Running", now):
+            view.epochs[jid] = epoch + 1
             self.fault("resize-recreate")
+        return True
 
     def _ensure_service(self, tj: dict) -> None:
         name = ko.meta(tj)["name"]
