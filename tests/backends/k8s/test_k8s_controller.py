@@ -153,7 +153,7 @@ def test_semantically_invalid_jobs_get_a_condition_and_the_controller_keeps_runn
     assert not job_pods(kube, ns, "minmax") and not job_pods(kube, ns, "unknown")
 
 
-def test_progress_is_banked_from_reports_and_the_job_completes(kube, ns, controller):
+def test_progress_is_banked_from_the_workers_counters_and_the_job_completes(kube, ns, controller):
     make_node(kube, "node-a", 32)
     tj = training_job("short", ps=1, workers=2, cpu="2")
     tj["spec"]["samples"] = 1000
@@ -161,19 +161,34 @@ def test_progress_is_banked_from_reports_and_the_job_completes(kube, ns, control
     c = controller(policy="static")
     c.round()
     Kubelet(kube, ns).sync()
-    for i in range(3):  # two workers at 100 samples/s over 2 s windows: 400 samples per report
-        t = time.time() + i
+    pods_ = job_pods(kube, ns, "short")
+
+    def report(t, totals):  # totals: each worker's reamer_train_samples_total, in pod order
+        workers = iter(totals)
         entries = [{"namespace": ns, "name": ko.meta(p)["name"], "cpuUsed": 1.0, "netGbps": 0.1,
-                    "netCapacityGbps": 10.0, **({"metrics": {"reamer_train_samples_total:rate": 100.0}}
-                                               if ko.labels(p)[ko.ROLE] == "worker" else {})}
-                   for p in job_pods(kube, ns, "short")]
+                    "netCapacityGbps": 10.0, **({"metrics": {"reamer_train_samples_total": next(workers),
+                                                             "reamer_train_samples_total:rate": 100.0}}
+                                               if ko.labels(p)[ko.ROLE] == "worker" else {})} for p in pods_]
         publish_slack(kube, "node-a", reported_at=t, window_s=2.0, pods_=entries, cores=32)
-        c.round()
-        c.round()  # the same report is counted once
-        st = kube.get(custom("trainingjobs", ns, "short"))["status"]
-        if i < 2:
-            assert st["phase"] == "Running" and st["samplesDone"] == pytest.approx(400.0 * (i + 1))
-    assert st["phase"] == "Succeeded" and st["samplesDone"] == pytest.approx(1200.0)
+
+    done = lambda: kube.get(custom("trainingjobs", ns, "short"))["status"]  # noqa: E731
+    t = time.time()
+    report(t, [100, 150])
+    c.round()
+    c.round()  # the same report is banked once
+    assert done()["samplesDone"] == pytest.approx(250.0)
+    report(t + 1, [200, 300])  # never seen by the controller (its round came later) ...
+    report(t + 2, [300, 400])  # ... yet nothing of it is lost: banking reads the counters
+    c.round()
+    assert done()["samplesDone"] == pytest.approx(700.0) and done()["phase"] == "Running"
+    report(t + 3, [50, 500])  # the first worker restarted: its counter began again at 0
+    c.round()
+    st = done()
+    assert st["samplesDone"] == pytest.approx(850.0) and st["phase"] == "Running"
+    report(t + 4, [150, 600])
+    c.round()
+    st = done()
+    assert st["phase"] == "Succeeded" and st["samplesDone"] == pytest.approx(1050.0)
     assert not job_pods(kube, ns, "short")
 
 

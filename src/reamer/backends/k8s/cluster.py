@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.kube import Kube, Obj, Reflector, custom, nodes, pods
 from reamer.backends.state.training import ClusterState
-from reamer.domain import Container, Node
+from reamer.domain import Container, Node, Resources
 from reamer.domain.decisions import InvalidDecision
 
 log = logging.getLogger(__name__)
@@ -92,47 +92,67 @@ class TrainingView:
     done: set[str] = field(default_factory=set)
 
 
-def cluster_nodes(objs: ClusterObjects) -> list[Node]:
+def _nodes(objs: ClusterObjects, foreign_jobs: set[str], cordoned_use: dict[str, Resources]) -> list[Node]:
+    """Every Node less what pods Reamer does not run (and pods of jobs it cannot run) request
+    there; a cordoned node keeps only what its recorded training containers hold, so nothing
+    new is placed on it."""
     foreign: dict[str, list[Obj]] = {}
     for p in objs.pods:
         node = (p.get("spec") or {}).get("nodeName")
-        if node and not ko.is_reamer_pod(p) and not ko.terminated(p):
+        lb = ko.labels(p)
+        if node and not ko.terminated(p) and (not ko.is_reamer_pod(p) or lb.get(ko.JOB) in foreign_jobs):
             foreign.setdefault(node, []).append(p)
-    return [ko.node_of(n, foreign.get(ko.meta(n)["name"], ())) for n in objs.nodes if ko.schedulable(n)]
+    out = []
+    for n in objs.nodes:
+        node = ko.node_of(n, foreign.get(ko.meta(n)["name"], ()))
+        if not ko.schedulable(n):
+            use = cordoned_use.get(node.name, Resources())
+            node = replace(node, cores=min(node.cores, use.cpu), mem_mib=min(node.mem_mib, use.mem_mib),
+                           gpus=min(node.gpus, use.gpu))
+        out.append(node)
+    return out
 
 
 def training_state(objs: ClusterObjects, models: Mapping[str, object],
                    on_invalid: Callable[[str, ko.SpecError], None] | None = None) -> TrainingView:
     """Rebuild the shared training state from the TrainingJobs' status (the shape the
-    controller decided) in arrival order. A job whose recorded shape no longer fits (a node
-    went away) is put back in the queue."""
-    view = TrainingView(ClusterState(cluster_nodes(objs)))
-    for tj in sorted(objs.jobs, key=lambda o: (ko.epoch_s(ko.meta(o).get("creationTimestamp")), ko.meta(o)["name"])):
+    controller decided) in arrival order. What runs is booked even where a node is now
+    overcommitted; a job is queued again only when a node its shape names is gone. A job
+    whose spec cannot run keeps its pods, counted as foreign (nothing double-books them)."""
+    order = sorted(objs.jobs, key=lambda o: (ko.epoch_s(ko.meta(o).get("creationTimestamp")), ko.meta(o)["name"]))
+    specs, invalid, done = [], {}, set()
+    for tj in order:
         name = ko.meta(tj)["name"]
-        st = tj.get("status") or {}
-        if st.get("phase") == "Succeeded":
-            view.done.add(name)
+        if (tj.get("status") or {}).get("phase") == "Succeeded":
+            done.add(name)
             continue
         try:
-            spec = ko.training_job(tj, models)
-        except (ko.SpecError, KeyError, ValueError) as e:
-            err = e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e))
-            view.invalid[name] = err
+            specs.append((tj, ko.training_job(tj, models), ko.status_containers(name, tj.get("status") or {})))
+        except (ko.SpecError, KeyError, ValueError, TypeError) as e:
+            invalid[name] = e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e))
             if on_invalid:
-                on_invalid(name, err)
-            continue
-        containers = ko.status_containers(name, st)
+                on_invalid(name, invalid[name])
+    cordoned = {ko.meta(n)["name"] for n in objs.nodes if not ko.schedulable(n)}
+    held: dict[str, Resources] = {}
+    for _, _, containers in specs:
+        for c in containers:
+            if c.node in cordoned:
+                held[c.node] = held.get(c.node, Resources()) + c.res
+    view = TrainingView(ClusterState(_nodes(objs, set(invalid), held)), invalid=invalid, done=done)
+    for tj, spec, containers in specs:
+        name, st = spec.id, tj.get("status") or {}
         if any(c.node not in view.state.free for c in containers):
+            log.warning("job %s: a node of its recorded shape is gone: queued again", name)
             containers = []
         kw = dict(next_id=int(st.get("nextIndex", 0)), queued_since=float(st.get("queuedAt", spec.arrival_s)),
                   queue_s=float(st.get("queueSeconds", 0.0)), started_s=st.get("startedAt"),
                   last_change_s=st.get("lastChangeAt"), reconfigs=int(st.get("reconfigurations", 0)))
         try:
-            view.state.restore(spec, containers, **kw)
-        except InvalidDecision as e:
-            log.warning("job %s: recorded shape does not fit any more (%s): queued again", name, e)
-            view.state.restore(spec, [], **kw)
+            view.state.restore(spec, containers, force=True, **kw)
+        except InvalidDecision as e:  # a recorded shape no backend could run (edited by hand)
+            log.warning("job %s: recorded shape is not valid (%s): queued again", name, e)
             containers = []
+            view.state.restore(spec, containers, **kw)
         view.crs[name] = tj
         view.epochs[name] = int(st.get("epoch", 0))
         for c, rec in zip(containers, st.get("containers") or [], strict=False):

@@ -39,7 +39,6 @@ from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.cluster import (
     ClusterObjects,
     Informers,
-    cluster_nodes,
     training_state,
 )
 from reamer.backends.k8s.kube import ApiError, Kube, custom, pods
@@ -89,7 +88,7 @@ class K8sInference:
     def observe(self, now: float) -> HarvestSnapshot:
         objs = self.objs = self.informers.objects()
         tview = training_state(objs, self.training_models)
-        nodes = cluster_nodes(objs)
+        nodes = tview.state.nodes  # the same nodes training sees (a cordoned one holds no slack)
         reports = pod_reports(objs)
         alive = [p for p in objs.pods if ko.SERVICE in ko.labels(p) and not ko.deleting(p) and not ko.terminated(p)]
         replaced = {ko.annotations(p)[ko.REPLACES] for p in alive if ko.REPLACES in ko.annotations(p)}

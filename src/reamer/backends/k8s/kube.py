@@ -65,16 +65,19 @@ class Kube:
         self.timeout_s = timeout_s
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> Kube:
-        """From ``kubeconfig`` (a path), else in-cluster (a pod's service account), else ~/.kube/config."""
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None, pool: int = 32) -> Kube:
+        """From ``kubeconfig`` (a path), else in-cluster (a pod's service account), else
+        ~/.kube/config. ``pool``: connections kept (one per open watch, plus requests)."""
+        cfg = client.Configuration()
         if kubeconfig:
-            return cls(config.new_client_from_config(config_file=kubeconfig, context=context))
-        try:
-            cfg = client.Configuration()
-            config.load_incluster_config(client_configuration=cfg)
-            return cls(client.ApiClient(cfg))
-        except config.ConfigException:
-            return cls(config.new_client_from_config(context=context))
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                config.load_kube_config(context=context, client_configuration=cfg)
+        cfg.connection_pool_maxsize = pool
+        return cls(client.ApiClient(cfg))
 
     # ---------------------------------------------------------------- requests
     def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,

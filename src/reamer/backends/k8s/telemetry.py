@@ -7,13 +7,15 @@ throttled (cgroup), network throughput (the pod's network namespace) and the pod
 ``NAME:p99`` (over the window), gauges as ``NAME``. Training code meets it by exporting
 ``reamer_train_samples_total`` from every worker: the samples that process has trained since
 it started (a plain counter). A job's speed is the sum of its workers' rates; its progress is
-banked by the controller in the TrainingJob's ``status.samplesDone`` (each report's rate ×
-window, once: ``status.telemetryAt`` is the newest report counted). Inference servers export
+banked by the controller in the TrainingJob's ``status.samplesDone`` from the counters
+themselves (``status.counters`` keeps each worker pod's last value), so a window missed by
+either side, or a restart of either, loses nothing. Inference servers export
 ``reamer_infer_requests_total`` and the ``reamer_infer_request_latency_seconds`` histogram.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reamer.backends.k8s import objects as ko
@@ -58,15 +60,23 @@ def pod_reports(objs: ClusterObjects) -> dict[str, PodReport]:
 
 
 def job_telemetry(containers: list[Container], pod_of: dict[str, str], namespace: str,
-                  reports: dict[str, PodReport], after: float) -> tuple[JobTelemetry | None, float]:
-    """A job's telemetry from the reports newer than ``after`` (each report is one sample) and
-    the samples those reports add (Σ over workers of rate × window)."""
+                  reports: dict[str, PodReport], after: float) -> tuple[JobTelemetry | None, dict[str, float]]:
+    """A job's telemetry from the reports newer than ``after`` (each report is one sample for
+    the policy), and the latest ``reamer_train_samples_total`` of each of its workers' pods
+    (what the controller banks progress from)."""
     tel: dict[str, ContainerTelemetry] = {}
     speed: float | None = None
-    progress, since = 0.0, None
+    counters: dict[str, float] = {}
+    since = None
     for c in containers:
-        r = reports.get(f"{namespace}/{pod_of.get(c.id, '')}")
-        if r is None or r.reported_at <= after:
+        pod = pod_of.get(c.id, "")
+        r = reports.get(f"{namespace}/{pod}")
+        if r is None:
+            continue
+        total = r.metric(SAMPLES)
+        if c.role is Role.WORKER and total is not None:
+            counters[pod] = total
+        if r.reported_at <= after:
             continue
         e = r.entry
         tel[c.id] = ContainerTelemetry(cpu_used=float(e.get("cpuUsed", 0.0)), cpu_limit=c.res.cpu,
@@ -77,11 +87,19 @@ def job_telemetry(containers: list[Container], pod_of: dict[str, str], namespace
         rate = r.metric(SAMPLES + ":rate")
         if c.role is Role.WORKER and rate is not None:
             speed = (speed or 0.0) + rate
-            progress += rate * r.window_s
         since = r.since if since is None else max(since, r.since)
     if speed is None or since is None:
-        return None, progress
-    return JobTelemetry(since, speed, tel), progress
+        return None, counters
+    return JobTelemetry(since, speed, tel), counters
+
+
+def banked(done: float, before: Mapping[str, float], now: Mapping[str, float]) -> float:
+    """``done`` plus what the workers' counters added since ``before`` (a counter below its last
+    value is a restarted process: all of it is new)."""
+    for pod, v in now.items():
+        v0 = float(before.get(pod, 0.0))
+        done += v - v0 if v >= v0 else v
+    return done
 
 
 def newest_report(containers: list[Container], pod_of: dict[str, str], namespace: str,

@@ -42,7 +42,7 @@ from reamer.backends.k8s.cluster import (
     training_state,
 )
 from reamer.backends.k8s.kube import ApiError, Kube, custom, pods, services
-from reamer.backends.k8s.telemetry import job_telemetry, newest_report, pod_reports
+from reamer.backends.k8s.telemetry import banked, job_telemetry, newest_report, pod_reports
 from reamer.backends.state.training import (
     Effect,
     JobRecord,
@@ -74,9 +74,11 @@ class K8sTraining:
         self.view: TrainingView | None = None
         self.objs: ClusterObjects | None = None
         self.telemetry: dict[str, JobTelemetry] = {}
-        self.samples: dict[str, float] = {}
-        self._seen: dict[str, float] = {}  # job -> newest report already turned into a sample
-        self._services: set[str] = set()  # jobs whose headless Service exists
+        self.samples: dict[str, float] = {}  # this round: job -> samples done (banked)
+        self.counters: dict[str, dict[str, float]] = {}  # this round: job -> its workers' counters
+        self._seen: dict[str, float] = {}  # job uid -> newest report already turned into a policy sample
+        self._services: set[str] = set()  # job uids whose headless Service exists
+        self._stale: set[str] = set()  # this round: jobs whose status write failed (left alone until re-read)
         self.counts = {"conflicts": 0, "invalid_decisions": 0, "pods_created": 0, "pods_deleted": 0,
                        "resizes": 0, "recreates": 0, "api_errors": 0}
 
@@ -87,19 +89,25 @@ class K8sTraining:
         for name, err in view.invalid.items():
             self._mark_invalid(name, err, now)
         reports = pod_reports(objs)
-        self.telemetry = {}
+        self.telemetry, self.samples, self.counters, self._stale = {}, {}, {}, set()
         running, queue = [], []
         for jid in list(view.state.running):
             j = view.state.jobs[jid]
             cont = list(j.containers.values())
             st = view.crs[jid].get("status") or {}
-            after = max(self._seen.get(jid, -math.inf), float(st.get("telemetryAt", -math.inf)))
-            tel, progress = job_telemetry(cont, view.pod_names, self.ns, reports, after)
-            samples = self.samples[jid] = float(st.get("samplesDone", 0.0)) + progress
+            uid = ko.meta(view.crs[jid]).get("uid", jid)
+            tel, counters = job_telemetry(cont, view.pod_names, self.ns, reports, self._seen.get(uid, -math.inf))
+            samples = self.samples[jid] = banked(float(st.get("samplesDone", 0.0)), st.get("counters") or {},
+                                                 counters)
+            self.counters[jid] = counters
             if tel is not None:
-                self._seen[jid] = newest_report(cont, view.pod_names, self.ns, reports)
+                self._seen[uid] = newest_report(cont, view.pod_names, self.ns, reports)
             if samples >= j.spec.samples or self._workers_succeeded(objs, jid, view):
-                self._commit({jid: [view.state.finish(jid, now)]}, now)
+                try:
+                    self._commit({jid: [view.state.finish(jid, now)]}, now)
+                except Exception:  # one job's trouble is not every job's
+                    self.counts["api_errors"] += 1
+                    log.exception("job %s: completion not recorded (retried next round)", jid)
                 continue
             if tel is not None:
                 self.telemetry[jid] = tel
@@ -112,7 +120,7 @@ class K8sTraining:
     def _workers_succeeded(self, objs: ClusterObjects, jid: str, view: TrainingView) -> bool:
         j = view.state.jobs[jid]
         names = {view.pod_names[c.id] for c in j.containers.values() if c.role is Role.WORKER}
-        ps = [p for p in objs.pods_of(ko.JOB, jid) if ko.meta(p)["name"] in names]
+        ps = [p for p in self._pods_of(objs, view.crs[jid]) if ko.meta(p)["name"] in names]
         return bool(names) and len(ps) == len(names) and all((p.get("status") or {}).get("phase") == "Succeeded"
                                                              for p in ps)
 
@@ -164,8 +172,7 @@ class K8sTraining:
             phase = ("Queued" if stopped.requeued else "Succeeded") if stopped else (
                 "Running" if j.state is JobState.RUNNING else "Queued")
             if not self._write_status(jid, j, epoch, phase, now):
-                view.state.jobs.pop(jid, None)  # stale: converge leaves it alone this round
-                view.crs.pop(jid, None)
+                self._stale.add(jid)  # its pods are left as they are; the next round re-reads it
                 continue
             view.epochs[jid] = epoch
             self.fault("after-status")
@@ -180,7 +187,7 @@ class K8sTraining:
               "ps": j.count(Role.PS), "workers": j.count(Role.WORKER), "cores": round(sum(c.res.cpu for c in cont), 3),
               "queuedAt": j.queued_since, "queueSeconds": j.queue_s, "reconfigurations": j.reconfigs,
               "samplesDone": self.samples.get(jid, float(old.get("samplesDone", 0.0))),
-              **({"telemetryAt": self._seen[jid]} if jid in self._seen else {}),
+              **({"counters": self.counters[jid]} if jid in self.counters else {}),
               "observedGeneration": ko.meta(view.crs[jid]).get("generation", 0)}
         for k, v in (("startedAt", j.started_s), ("lastChangeAt", j.last_change_s), ("finishedAt", j.finished_s)):
             if v is not None:
@@ -204,8 +211,10 @@ class K8sTraining:
             if e.status == 409:
                 self.counts["conflicts"] += 1
                 log.info("job %s changed since it was read (409): re-deciding next round", jid)
-                return False
-            raise
+            else:  # gone (404), refused (422), the server failing: the next round re-reads it
+                self.counts["api_errors"] += 1
+                log.warning("status of %s not written: %s", jid, e)
+            return False
         view.crs[jid] = new
         self.informers.put("jobs", new)
         return True
@@ -236,23 +245,37 @@ class K8sTraining:
         """Make every job's pods match its recorded shape (idempotent; safe after a crash)."""
         view, objs = self.view, self.objs
         assert view is not None and objs is not None
-        known = set(view.crs) | view.done | set(view.invalid)
-        for p in objs.pods:  # pods of a TrainingJob that no longer exists (no garbage collector)
-            jid = ko.labels(p).get(ko.JOB)
-            if jid and jid not in known and not ko.deleting(p) and jid not in view.state.jobs:
-                self._delete(p)
+        uids = {ko.meta(o).get("uid") for o in objs.jobs}
+        done = {ko.meta(o).get("uid") for o in objs.jobs if ko.meta(o)["name"] in view.done}
+        for p in objs.pods:  # pods of a TrainingJob that is gone (no garbage collector) or done
+            if ko.JOB not in ko.labels(p) or ko.deleting(p):
+                continue
+            owner = self._owner_uid(p)
+            if owner not in uids or (owner in done and not ko.terminated(p)):
+                self._guard(f"pod {ko.meta(p)['name']}", self._delete, p)
         inference = self._inference_cores(objs)
         for jid in list(view.crs):
-            if jid in view.state.jobs:
-                try:
-                    self._converge_job(jid, now, inference)
-                except ApiError as e:
-                    self.counts["api_errors"] += 1
-                    log.warning("job %s: %s (retried next round)", jid, e)
-        for jid in view.done:
-            for p in objs.pods_of(ko.JOB, jid):
-                if not ko.deleting(p) and not ko.terminated(p):
-                    self._delete(p)
+            if jid in view.state.jobs and jid not in self._stale:
+                self._guard(f"job {jid}", self._converge_job, jid, now, inference)
+
+    def _guard(self, what: str, fn, *args) -> None:
+        """Run one object's step: an error is counted and logged, the others go on."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self.counts["api_errors"] += 1
+            log.warning("%s: %s (retried next round)", what, e)
+
+    @staticmethod
+    def _owner_uid(pod: dict) -> str | None:
+        return next((r.get("uid") for r in ko.meta(pod).get("ownerReferences") or []
+                     if r.get("kind") == "TrainingJob"), None)
+
+    def _pods_of(self, objs: ClusterObjects, tj: dict) -> list[dict]:
+        """The pods of this TrainingJob incarnation (by owner uid: a job deleted and created again
+        under the same name does not inherit the old one's pods)."""
+        uid = ko.meta(tj).get("uid")
+        return [p for p in objs.pods_of(ko.JOB, ko.meta(tj)["name"]) if self._owner_uid(p) == uid]
 
     def _inference_cores(self, objs: ClusterObjects) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -267,7 +290,7 @@ class K8sTraining:
         view, objs = self.view, self.objs
         assert view is not None and objs is not None
         j, tj, epoch = view.state.jobs[jid], view.crs[jid], view.epochs[jid]
-        existing = {ko.meta(p)["name"]: p for p in objs.pods_of(ko.JOB, jid)}
+        existing = {ko.meta(p)["name"]: p for p in self._pods_of(objs, tj)}
         desired = {view.pod_names[c.id]: c for c in j.containers.values()} if j.state is JobState.RUNNING else {}
         for name, p in existing.items():
             if name not in desired and not ko.deleting(p):
@@ -286,6 +309,11 @@ class K8sTraining:
                 waiting.append(c.node)  # inference moves first; the pod keeps its old shape meanwhile
                 continue
             p = existing.get(name)
+            if p is not None and (p.get("status") or {}).get("phase") == "Failed" and not ko.deleting(p):
+                log.warning("pod %s failed (%s): replacing it", name, (p.get("status") or {}).get("reason", ""))
+                if self._replace(jid, j, epoch, p, c, now):
+                    return
+                continue
             if p is not None:
                 if not ko.deleting(p) and self._resize_if_needed(jid, j, epoch, p, c, now):
                     return  # restarting in a new epoch: the next round converges to it
@@ -333,9 +361,15 @@ class K8sTraining:
                     log.warning("pod %s: in-place resize refused (%s): recreating it", name, e.message)
                 else:
                     log.info("pod %s: no in-place resize on this server (%s): recreating it", name, e.status)
+        self.counts["recreates"] += 1
+        return self._replace(jid, j, epoch, pod, c, now)
+
+    def _replace(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float) -> bool:
+        """A pod that must be created anew (a resize that cannot be done in place, a failed
+        pod): by the job's ``resizeFallback``. True when the whole job moved to a new epoch."""
         view = self.view
         assert view is not None
-        self.counts["recreates"] += 1
+        name = ko.meta(pod)["name"]
         if view.crs[jid]["spec"].get("resizeFallback", "RestartJob") == "RecreatePod":
             # this pod alone, under a new name recorded first; the next converge deletes the old one
             m = re.search(r"-r(\d+)$", name)
@@ -353,15 +387,15 @@ class K8sTraining:
         return True
 
     def _ensure_service(self, tj: dict) -> None:
-        name = ko.meta(tj)["name"]
-        if name in self._services:
+        name, uid = ko.meta(tj)["name"], ko.meta(tj).get("uid", "")
+        if uid in self._services:
             return
         try:
             self.kube.create(services(self.ns), ko.headless_service(tj))
         except ApiError as e:
             if e.status != 409:
                 raise
-        self._services.add(name)
+        self._services.add(uid)
 
     def _delete(self, pod: dict) -> None:
         m = ko.meta(pod)
@@ -377,7 +411,7 @@ class K8sTraining:
             return
         for jid in view.state.queue:
             j, tj = view.state.jobs[jid], view.crs.get(jid)
-            if tj is None:
+            if tj is None or jid in self._stale:
                 continue
             need = j.spec.request
             most = max(view.state.free.values(), key=lambda r: (r.cpu, r.gpu), default=None)
@@ -388,47 +422,71 @@ class K8sTraining:
             if st.get("phase") != "Queued" or old is None or old.get("message") != msg:
                 self._merge_status(jid, {"phase": "Queued", "conditions": ko.set_condition(
                     st.get("conditions"), "Scheduled", False, "WaitingForResources", msg, now)})
-        if thresholds is None:
-            return
-        for jid, tel in self.telemetry.items():
+        for jid, counters in self.counters.items():  # progress, banked from the workers' counters
             j = view.state.jobs.get(jid)
-            if j is None or j.state is not JobState.RUNNING:
+            if j is None or j.state is not JobState.RUNNING or jid in self._stale:
                 continue
-            d = diagnose(j.view(self.samples.get(jid, 0.0), now), tel, thresholds.cpu, thresholds.net,
-                         thresholds.side_margin)
-            mine = [type(x).__name__ for x in decisions if _job_of(view, x) == jid]
-            self._merge_status(jid, {"samplesDone": self.samples.get(jid, 0.0), "telemetryAt": self._seen[jid],
-                                     "diagnosis": {
-                "bottleneck": d.bottleneck, "at": now, "decision": ", ".join(mine) or "none",
-                "evidence": {"speed": round(tel.speed, 3), "workerCpuUtil": round(d.worker_cpu_util, 3),
-                             "psCpuUtil": round(d.ps_cpu_util, 3), "netUtil": round(d.net_util, 3),
-                             "workerNetUtil": round(d.worker_net_util, 3), "cpuUsed": round(d.cpu_used, 3)}}})
+            st = view.crs[jid].get("status") or {}
+            patch: dict = {}
+            before = st.get("counters") or {}
+            if counters != before or jid in self.telemetry:  # (a merge patch removes a key set to null)
+                patch.update(samplesDone=self.samples.get(jid, 0.0),
+                             counters={**{k: None for k in before if k not in counters}, **counters})
+            tel = self.telemetry.get(jid)
+            if tel is not None and thresholds is not None:
+                d = diagnose(j.view(self.samples.get(jid, 0.0), now), tel, thresholds.cpu, thresholds.net,
+                             thresholds.side_margin)
+                mine = [type(x).__name__ for x in decisions if _job_of(view, x) == jid]
+                patch["diagnosis"] = {
+                    "bottleneck": d.bottleneck, "at": now, "decision": ", ".join(mine) or "none",
+                    "evidence": {"speed": round(tel.speed, 3), "workerCpuUtil": round(d.worker_cpu_util, 3),
+                                 "psCpuUtil": round(d.ps_cpu_util, 3), "netUtil": round(d.net_util, 3),
+                                 "workerNetUtil": round(d.worker_net_util, 3), "cpuUsed": round(d.cpu_used, 3)}}
+            if patch:
+                self._merge_status(jid, patch)
+
+
+def qos_class(containers: list[dict]) -> str:
+    """The pod's QoS class as Kubernetes computes it from its containers' CPU and memory
+    (a request defaults to its limit)."""
+    any_set, guaranteed = False, True
+    for c in containers:
+        r = c.get("resources") or {}
+        lim, req = r.get("limits") or {}, {**(r.get("limits") or {}), **(r.get("requests") or {})}
+        for k in ("cpu", "memory"):
+            if k in req or k in lim:
+                any_set = True
+            if k not in lim or k not in req or _q(req[k]) != _q(lim[k]):
+                guaranteed = False
+    return "Guaranteed" if guaranteed and any_set else "Burstable" if any_set else "BestEffort"
+
+
+def _q(v) -> float:
+    try:
+        return ko.quantity(v, "resource")
+    except ko.SpecError:
+        return -1.0
 
 
 def resize_patch(pod: dict, cores: float) -> dict:
     """The ``pods/resize`` patch of the training container to ``cores`` that Kubernetes
     accepts: the pod's QoS class must not change and no request may exceed its limit. A
-    Guaranteed pod (every request equal to its limit) moves its CPU request with the limit; a
-    Burstable one keeps its request, lowered to the new limit when above it — but not to the
-    point where the pod would become Guaranteed."""
-    ctrs = (pod.get("spec") or {}).get("containers") or [{}]
+    Guaranteed pod moves its CPU request with the limit; a Burstable one keeps its request,
+    lowered to the new limit when above it, and by a millicore more if that alone would make
+    the pod Guaranteed."""
+    ctrs = [dict(c) for c in (pod.get("spec") or {}).get("containers") or [{}]]
     main = ctrs[0]
     res = main.get("resources") or {}
     req, lim = dict(res.get("requests") or {}), dict(res.get("limits") or {})
-    guaranteed = (pod.get("status") or {}).get("qosClass") == "Guaranteed" or all(
-        (c.get("resources") or {}).get("limits") and all(
-            ko.quantity(v, "request") == ko.quantity(((c.get("resources") or {}).get("limits") or {}).get(k, -1), "limit")
-            for k, v in {**((c.get("resources") or {}).get("limits") or {}),
-                         **((c.get("resources") or {}).get("requests") or {})}.items() if k in ("cpu", "memory"))
-        for c in ctrs)
+    before = (pod.get("status") or {}).get("qosClass") or qos_class(ctrs)
     lim["cpu"] = ko.cpu_str(cores)
-    if guaranteed:
+    if before == "Guaranteed":
         req["cpu"] = lim["cpu"]
     elif "cpu" in req:
-        r = min(ko.quantity(req["cpu"], "cpu request"), cores)
-        would_guarantee = len(ctrs) == 1 and r == cores and "memory" in req and "memory" in lim and (
-            ko.quantity(req["memory"], "memory") == ko.quantity(lim["memory"], "memory"))
-        req["cpu"] = ko.cpu_str(max(0.001, r - 0.001) if would_guarantee else r)
+        req["cpu"] = ko.cpu_str(min(_q(req["cpu"]), cores))
+        main["resources"] = {"requests": req, "limits": lim}
+        if qos_class(ctrs) == "Guaranteed":
+            req["cpu"] = ko.cpu_str(max(0.001, cores - 0.001))
     return {"name": main.get("name"), "resources": {"requests": req, "limits": lim}}
 
 

@@ -163,21 +163,22 @@ class ClusterState:
 
     def restore(self, spec: TrainingJob, containers: Sequence[Container], *, next_id: int, queued_since: float,
                 queue_s: float = 0.0, started_s: float | None = None, last_change_s: float | None = None,
-                reconfigs: int = 0) -> JobRecord:
+                reconfigs: int = 0, force: bool = False) -> JobRecord:
         """Book a job as a durable record describes it (a controller rebuilding its state from
         the cluster after a restart): queued when ``containers`` is empty, else running on
-        them. The containers must fit, as when they were decided."""
+        them. The containers must fit, as when they were decided — unless ``force``: what runs
+        is booked even where a node is now overcommitted (its free capacity goes negative, so
+        nothing new is placed there)."""
+        need: dict[str, Resources] = {}
+        for c in containers:  # validated before anything is booked: a refusal changes nothing
+            self._check_placement(Placement(c.role, c.node, c.res))
+            need[c.node] = need.get(c.node, Resources()) + c.res
+        for node, res in need.items():
+            if not force and not res.fits_in(self.free[node]):
+                raise InvalidDecision(f"restore {spec.id}: {res} does not fit on {node} (free {self.free[node]})")
         rec = self.submit(spec, queued_since)
         rec.queue_s, rec.started_s, rec.last_change_s, rec.reconfigs = queue_s, started_s, last_change_s, reconfigs
         if containers:
-            need: dict[str, Resources] = {}
-            for c in containers:
-                self._check_placement(Placement(c.role, c.node, c.res))
-                need[c.node] = need.get(c.node, Resources()) + c.res
-            for node, res in need.items():
-                if not res.fits_in(self.free[node]):
-                    del self.jobs[spec.id], self.queue[spec.id]
-                    raise InvalidDecision(f"restore {spec.id}: {res} does not fit on {node} (free {self.free[node]})")
             for c in containers:
                 self._book(rec, c)
             del self.queue[spec.id]
