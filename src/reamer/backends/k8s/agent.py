@@ -156,9 +156,14 @@ def summarize(now: dict[str, dict], before: dict[str, dict] | None, window_s: fl
             edges = sorted(b1, key=lambda le: math.inf if le == "+Inf" else float(le))
             total = b1.get("+Inf", 0.0) - b0.get("+Inf", 0.0)
             if total > 0:
+                finite = [float(le) for le in edges if le != "+Inf"]
                 for le in edges:
                     if b1[le] - b0.get(le, 0.0) >= 0.99 * total:
-                        out[name + ":p99"] = math.inf if le == "+Inf" else float(le)
+                        if le == "+Inf":  # beyond the last bucket: at least its edge (so a miss shows)
+                            out[name + ":p99"] = max(finite, default=math.inf)
+                            out[name + ":p99_beyond_buckets"] = 1.0
+                        else:
+                            out[name + ":p99"] = float(le)
                         break
         elif samples:
             out[name] = float(samples[0][2])
@@ -202,7 +207,7 @@ class Agent:
         items, _ = self.kube.list("/api/v1/pods", field_selector=f"spec.nodeName={self.node}")
         window = now - self._last if self._last is not None else 0.0
         entries, seen = [], set()
-        used = {"training": 0.0, "inference": 0.0}
+        used = {"training": 0.0, "inference": 0.0, "other": 0.0}
         limits = 0.0
         for p in items:
             if ko.terminated(p):
@@ -212,16 +217,15 @@ class Agent:
             seen.add(uid)
             e, cpu_used = self._pod(p, now)
             entries.append(e)
-            kind = "training" if ko.JOB in ko.labels(p) else "inference" if ko.SERVICE in ko.labels(p) else None
-            if kind:
-                used[kind] += cpu_used
+            kind = "training" if ko.JOB in ko.labels(p) else "inference" if ko.SERVICE in ko.labels(p) else "other"
+            used[kind] += cpu_used
             if kind == "training":
                 limits += ko.pod_cpu_limit(p)
             e["netCapacityGbps"] = nic
         for uid in set(self._prev) - seen:
             del self._prev[uid]
         self._last = now
-        system = self._system_used(window, sum(used.values()))
+        system = self._system_used(window, sum(used.values()))  # outside every pod
         return {"reportedAt": now, "windowSeconds": window, "cores": cores, "systemReserved": self.system_reserved,
                 "systemUsed": system, "trainingUsed": used["training"], "inferenceUsed": used["inference"],
                 "trainingNeed": max(limits, used["training"]),

@@ -101,21 +101,12 @@ class K8sInference:
             except (ko.SpecError, KeyError, ValueError) as e:
                 self._invalid(isvc, e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e)), now)
                 continue
-            mine = [p for p in alive if ko.labels(p)[ko.SERVICE] == name]
-            rec = ServiceRecord(name, spec.model, spec.slo_p99_s, spec.mem_mib,
-                                min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
-                                observed_rates=[float(x) for x in st.get("rates") or []],
-                                last_p99_s=(float(st["p99Ms"]) / 1e3 if st.get("p99Ms") is not None else None))
-            idx = [ko.replica_index(p) for p in objs.pods if ko.labels(p).get(ko.SERVICE) == name]
-            rec.next_id = max([int(st.get("nextIndex", 0)), *(i + 1 for i in idx)])
-            for p in mine:
-                if ko.meta(p)["name"] in replaced:
-                    continue  # being replaced: its successor holds the booking
-                r = ko.replica_of(p)
-                if r.node:
-                    rec.replicas[r.id] = r
-                    self.pod_of[r.id] = ko.meta(p)["name"]
-            self._observe_window(rec, st, [ko.meta(p)["name"] for p in mine], reports, now)
+            try:
+                rec = self._record(isvc, spec, st, alive, replaced, objs, reports, now)
+            except (KeyError, ValueError, TypeError) as e:  # a replica pod someone edited: skip the service
+                self.counts["api_errors"] += 1
+                log.warning("InferenceService %s: its replica pods cannot be read (%s): left alone", name, e)
+                continue
             records.append(rec)
             first[name] = spec.rate_per_s
             self.crs[name] = isvc
@@ -127,9 +118,33 @@ class K8sInference:
         for n in nodes:
             st = (objs.slacks.get(n.name) or {}).get("status") or {}
             at = float(st["reportedAt"]) if "reportedAt" in st else -math.inf
-            usage[n.name] = self.state.node_usage(n, at, reserve=float(st.get("systemReserved", 0.0)), need=None,
+            reserve = max(float(st.get("systemReserved", 0.0)), float(st.get("systemUsed", 0.0)))
+            usage[n.name] = self.state.node_usage(n, at, reserve=reserve, need=None,
                                                   used=float(st.get("trainingUsed", 0.0)))
         return self.state.snapshot(now, usage, first)
+
+    def _record(self, isvc: dict, spec: ko.ServiceSpec, st: dict, alive: list[dict], replaced: set[str],
+                objs: ClusterObjects, reports, now: float) -> ServiceRecord:
+        """One service as its status and its replica pods record it."""
+        name = spec.name
+        mine = [p for p in alive if ko.labels(p)[ko.SERVICE] == name]
+        rec = ServiceRecord(name, spec.model, spec.slo_p99_s, spec.mem_mib,
+                            min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
+                            observed_rates=[float(x) for x in st.get("rates") or []],
+                            last_p99_s=(float(st["p99Ms"]) / 1e3 if st.get("p99Ms") is not None else None))
+        idx = [ko.replica_index(p) for p in objs.pods if ko.labels(p).get(ko.SERVICE) == name]
+        rec.next_id = max([int(st.get("nextIndex", 0)), *(i + 1 for i in idx)])
+        pod_of = {}
+        for p in mine:
+            if ko.meta(p)["name"] in replaced:
+                continue  # being replaced: its successor holds the booking
+            r = ko.replica_of(p)
+            if r.node:
+                rec.replicas[r.id] = r
+                pod_of[r.id] = ko.meta(p)["name"]
+        self.pod_of.update(pod_of)
+        self._observe_window(rec, st, [ko.meta(p)["name"] for p in mine], reports, now)
+        return rec
 
     def _observe_window(self, rec: ServiceRecord, st: dict, pod_names: list[str], reports, now: float) -> None:
         w = service_window(pod_names, self.ns, reports)
@@ -283,11 +298,16 @@ class K8sInference:
                     self.kube.delete(pods(self.ns, ko.meta(p)["name"]), uid=ko.meta(p).get("uid"))
                     continue
                 self._bind(p)
-                old = ko.annotations(p).get(ko.REPLACES)
-                if old and old in by_name and not ko.deleting(by_name[old]) and ko.ready(p):
-                    o = ko.meta(by_name[old])
-                    self.kube.delete(pods(self.ns, old), uid=o.get("uid"))
-            except ApiError as err:
+                if not ko.ready(p):
+                    continue
+                old, seen = ko.annotations(p).get(ko.REPLACES), set()
+                while old and old in by_name and old not in seen:  # the predecessor, and what it replaced
+                    seen.add(old)
+                    o = by_name[old]
+                    if not ko.deleting(o):
+                        self.kube.delete(pods(self.ns, old), uid=ko.meta(o).get("uid"))
+                    old = ko.annotations(o).get(ko.REPLACES)
+            except Exception as err:  # one pod's trouble is not every pod's
                 self.counts["api_errors"] += 1
                 log.warning("pod %s: %s", ko.meta(p)["name"], err)
 

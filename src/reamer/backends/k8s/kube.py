@@ -188,6 +188,7 @@ class Kube:
                                                 "labelSelector": label_selector},
                             timeout_s=timeout_s + 10, stream=True)
         buf = b""
+        ended = False
         try:
             for chunk in resp.stream(4096, decode_content=True):
                 buf += chunk
@@ -200,13 +201,30 @@ class Kube:
                         o = ev.get("object") or {}
                         raise ApiError(int(o.get("code") or 500), o.get("reason", ""), o.get("message", ""), o)
                     yield ev["type"], ev["object"]
+            ended = True
         finally:
+            if not ended:  # left mid-stream: this connection must not go back to the pool
+                resp.close()
             resp.release_conn()
 
 
 def key(obj: Obj) -> str:
     m = obj.get("metadata") or {}
     return f"{m.get('namespace', '')}/{m['name']}"
+
+
+def _rv(obj: Obj | None) -> int | None:
+    """An object's resourceVersion as a number (etcd's revision), or None when it is not one."""
+    try:
+        return int((obj or {}).get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def newer(obj: Obj, than: Obj | None) -> bool:
+    """``obj`` is not older than ``than`` (a late watch event must not undo our own write)."""
+    a, b = _rv(obj), _rv(than)
+    return a is None or b is None or a >= b
 
 
 @dataclass
@@ -248,7 +266,8 @@ class Reflector:
     def put(self, obj: Obj) -> None:
         """Record our own write's answer at once (the watch event that follows agrees)."""
         with self._lock:
-            self.store.objects[key(obj)] = obj
+            if newer(obj, self.store.objects.get(key(obj))):
+                self.store.objects[key(obj)] = obj
 
     def forget(self, k: str) -> None:
         with self._lock:
@@ -296,7 +315,7 @@ class Reflector:
             if typ != "BOOKMARK":
                 if typ == "DELETED":
                     self.store.objects.pop(key(obj), None)
-                else:
+                elif newer(obj, self.store.objects.get(key(obj))):
                     self.store.objects[key(obj)] = obj
             if rv:
                 self.store.resource_version = rv

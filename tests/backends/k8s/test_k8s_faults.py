@@ -1,0 +1,173 @@
+"""Tier A: what clusters do daily, against a real kube-apiserver 1.20.2 — a write that
+conflicts while other jobs share the node, a cordoned node, a job deleted and created again
+under the same name, a failed pod, a replica migrated again before its first move finished —
+and the pure pieces those paths rely on (the resize patch's QoS rules, the reflector's
+ordering of writes and late events, a p99 beyond the last histogram bucket)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import Kubelet, make_node, publish_slack
+from test_k8s_controller import job_pods, training_job
+from test_k8s_scheduler import fresh, inference_service, replica_pods
+from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.agent import summarize
+from reamer.backends.k8s.kube import Reflector, custom, nodes, pods
+from reamer.backends.k8s.training import qos_class, resize_patch
+from reamer.domain import Resize, Resources
+from reamer.domain.inference import MigrateReplica
+
+
+def test_a_conflict_on_one_job_leaves_its_pods_and_the_others_converge(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    for name in ("a", "b"):
+        kube.create(custom("trainingjobs", ns), training_job(name, ps=1, workers=1))
+    c = controller(policy="static")
+    c.round()
+    Kubelet(kube, ns).sync()
+    c.inf.sync()
+    c.backend.observe(time.time())
+    wa = next(cid for cid in c.backend.view.state.owner if cid.startswith("a/worker"))
+    wb = next(cid for cid in c.backend.view.state.owner if cid.startswith("b/worker"))
+    kube.merge_patch(custom("trainingjobs", ns, "a"), {"metadata": {"labels": {"edited": "yes"}}})  # a new version
+    c.backend.actuate([Resize(wa, Resources(3.0, 2048.0)), Resize(wb, Resources(3.0, 2048.0))], time.time())
+    assert c.backend.counts["conflicts"] == 1
+    assert len(job_pods(kube, ns, "a")) == 2, "the conflicting job's pods were taken for orphans"
+    assert kube.get(custom("trainingjobs", ns, "b"))["status"]["epoch"] == 2  # b went on (1.20: restart at 3 cores)
+
+
+def test_a_cordoned_node_keeps_its_job_and_takes_no_new_one(kube, ns, controller):
+    make_node(kube, "node-a", 16)
+    kube.create(custom("trainingjobs", ns), training_job("stay", ps=1, workers=1))
+    c = controller(policy="static")
+    c.round()
+    kube.merge_patch(nodes("node-a"), {"spec": {"unschedulable": True}})
+    kube.create(custom("trainingjobs", ns), training_job("new", ps=1, workers=1))
+    c.round()
+    assert len(job_pods(kube, ns, "stay")) == 2 and kube.get(custom("trainingjobs", ns, "stay"))["status"][
+        "phase"] == "Running"
+    assert not job_pods(kube, ns, "new") and kube.get(custom("trainingjobs", ns, "new"))["status"]["phase"] == "Queued"
+
+
+def test_a_job_created_again_under_the_same_name_starts_afresh(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    tj = training_job("again", ps=1, workers=1)
+    tj["spec"]["samples"] = 100
+    first = kube.create(custom("trainingjobs", ns), tj)
+    c = controller(policy="static")
+    c.round()
+    Kubelet(kube, ns).sync()
+    w = next(p for p in job_pods(kube, ns, "again") if ko.labels(p)[ko.ROLE] == "worker")
+    publish_slack(kube, "node-a", reported_at=time.time(), cores=32, pods_=[
+        {"namespace": ns, "name": ko.meta(w)["name"], "metrics": {"reamer_train_samples_total": 500.0}}])
+    c.round()
+    assert kube.get(custom("trainingjobs", ns, "again"))["status"]["phase"] == "Succeeded"
+    kube.delete(custom("trainingjobs", ns, "again"))  # no garbage collector runs for the test's pods:
+    second = kube.create(custom("trainingjobs", ns), tj)  # the old pods, if any, are not the new job's
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    c.round()
+    st = kube.get(custom("trainingjobs", ns, "again"))["status"]
+    assert st["phase"] == "Running" and st.get("samplesDone", 0.0) == 0.0
+    for p in job_pods(kube, ns, "again"):
+        assert p["metadata"]["ownerReferences"][0]["uid"] == second["metadata"]["uid"]
+
+
+def test_a_failed_pod_restarts_the_job_from_its_checkpoint(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    kube.create(custom("trainingjobs", ns), training_job("crash", ps=1, workers=2))
+    c = controller(policy="static")
+    c.round()
+    kubelet = Kubelet(kube, ns)
+    kubelet.sync()
+    w = next(p for p in job_pods(kube, ns, "crash") if ko.labels(p)[ko.ROLE] == "worker")
+    kube.merge_patch(pods(ns, ko.meta(w)["name"], "status"), {"status": {"phase": "Failed", "reason": "OutOfcpu"}})
+    c.round()
+    assert kube.get(custom("trainingjobs", ns, "crash"))["status"]["epoch"] == 2
+    for _ in range(2):
+        kubelet.sync()
+        c.round()
+    live = job_pods(kube, ns, "crash")
+    assert len(live) == 3 and {ko.labels(p)[ko.EPOCH] for p in live} == {"2"}
+
+
+def test_a_replica_moved_again_before_its_first_move_finished_does_not_come_back(kube, ns, components):
+    for n in ("gpu-a", "gpu-b", "gpu-c"):
+        make_node(kube, n, 16)
+    fresh(kube, "gpu-a")
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
+    s = components("scheduler")
+    s.round()
+    kubelet = Kubelet(kube, ns)
+    kubelet.sync()
+    [a] = replica_pods(kube, ns, "vgg")
+    fresh(kube, "gpu-a", "gpu-b", "gpu-c")
+    for to in ("gpu-b", "gpu-c"):  # A → B, then B → C while B is not yet Ready
+        s.inf.sync()
+        s.backend.observe(time.time())
+        [rid] = s.backend.pod_of
+        s.backend.actuate([MigrateReplica(rid, to)], time.time())
+    kubelet.sync()  # C is Ready (and B)
+    s.inf.sync()
+    s.backend.converge(time.time())
+    kubelet.sync()
+    live = [p for p in replica_pods(kube, ns, "vgg") if not ko.deleting(p)]
+    assert [p["spec"]["nodeName"] for p in live] == ["gpu-c"], [ko.meta(p)["name"] for p in live]
+    assert kube.get_or_none(pods(ns, ko.meta(a)["name"])) is None
+
+
+# ----------------------------------------------------------------------------- pure pieces
+
+
+def _pod(*containers, qos=None):
+    return {"spec": {"containers": list(containers)}, "status": {"qosClass": qos} if qos else {}}
+
+
+def _ctr(name, req=None, lim=None):
+    return {"name": name, "resources": {k: v for k, v in (("requests", req), ("limits", lim)) if v}}
+
+
+@pytest.mark.parametrize("pod,cores,want_req", [
+    (_pod(_ctr("t", {"cpu": "2", "memory": "1Gi"}, {"cpu": "2", "memory": "1Gi"})), 5.0, "5000m"),  # Guaranteed
+    (_pod(_ctr("t", {"cpu": "2", "memory": "1Gi"}, {"cpu": "4", "memory": "1Gi"})), 1.0, "999m"),  # below request
+    (_pod(_ctr("t", {"cpu": "2", "memory": "1Gi"}, {"cpu": "4", "memory": "2Gi"})), 1.0, "1000m"),  # memory differs
+    (_pod(_ctr("t", {"cpu": "2", "memory": "1Gi"}, {"cpu": "4", "memory": "1Gi"})), 2.0, "1999m"),  # would guarantee
+    (_pod(_ctr("t", {"cpu": "2", "memory": "1Gi"}, {"cpu": "4", "memory": "1Gi"}),
+          _ctr("side", {"cpu": "1", "memory": "1Gi"}, {"cpu": "1", "memory": "1Gi"})), 2.0, "1999m"),
+    (_pod(_ctr("t", {"cpu": "2"}), _ctr("side")), 1.0, "1000m"),  # a request without a limit
+])
+def test_resize_patch_keeps_the_qos_class(pod, cores, want_req):
+    before = qos_class(pod["spec"]["containers"])
+    patch = resize_patch(pod, cores)
+    assert patch["resources"]["requests"]["cpu"] == want_req
+    after = [dict(c) for c in pod["spec"]["containers"]]
+    after[0] = {**after[0], "resources": patch["resources"]}
+    assert qos_class(after) == before
+    r = patch["resources"]
+    assert ko.quantity(r["requests"]["cpu"], "") <= ko.quantity(r["limits"]["cpu"], "")
+
+
+class _NoKube:
+    pass
+
+
+def test_a_late_watch_event_does_not_undo_our_own_write():
+    r = Reflector(_NoKube(), "/x")
+    ours = {"metadata": {"namespace": "n", "name": "o", "resourceVersion": "12"}, "v": "new"}
+    late = {"metadata": {"namespace": "n", "name": "o", "resourceVersion": "11"}, "v": "old"}
+    r.put(ours)
+    r._event("MODIFIED", late)
+    assert r.get("n/o")["v"] == "new"
+    r._event("MODIFIED", {**late, "metadata": {**late["metadata"], "resourceVersion": "13"}})
+    assert r.get("n/o")["v"] == "old"
+
+
+def test_a_p99_beyond_the_last_bucket_is_published_as_a_miss():
+    def fam(inf):
+        return {"reamer_x": {"type": "histogram", "samples": [
+            ("reamer_x_bucket", {"le": "0.1"}, 0.0), ("reamer_x_bucket", {"le": "1.0"}, 0.0),
+            ("reamer_x_bucket", {"le": "+Inf"}, inf)]}}
+    out = summarize(fam(10.0), fam(0.0), 1.0)
+    assert out["reamer_x:p99"] == 1.0 and out["reamer_x:p99_beyond_buckets"] == 1.0
