@@ -32,7 +32,7 @@ def test_env_maps_to_ps_and_worker_arguments(tmp_path):
     assert argv[:2] == ["ps", "--host"] and argv[argv.index("--port") + 1] == "7001"
     assert argv[argv.index("--shards") + 1] == "2" and argv[argv.index("--workers") + 1] == "2"
     assert "--resume" not in argv
-    (tmp_path / "shard-0.npz").write_bytes(b"")
+    (tmp_path / "manifest.json").write_text('{"shards": 1, "step": 3}')
     assert "--resume" in argv_from_env(env)
     w = argv_from_env({**env, "REAMER_ROLE": "worker", "REAMER_INDEX": "0"})
     assert w[w.index("--steps") + 1] == "100"  # 6400 samples / (32 × 2 workers)

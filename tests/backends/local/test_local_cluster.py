@@ -4,6 +4,7 @@ and the progress banked across restarts; real processes: tests/runtime/test_loca
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,7 @@ class World:
                     world.version = max([world.version] + [w.step for w in world.workers if not w.live])
                     ckpt = Path(args[args.index("--checkpoint") + 1])
                     ckpt.mkdir(parents=True, exist_ok=True)
-                    (ckpt / "shard-0.npz").write_bytes(b"")
+                    (ckpt / "manifest.json").write_text(json.dumps({"shards": 1, "step": world.version}))
                 self.live = False
                 return 0
 

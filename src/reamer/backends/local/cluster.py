@@ -38,6 +38,7 @@ from pathlib import Path
 from reamer.backends.local.cgroups import CgroupExecutor, CpuStats
 from reamer.backends.local.netns import Testbed
 from reamer.backends.local.procs import Proc, workload_env
+from reamer.workloads.real.ps_training import read_manifest
 from reamer.backends.state import ClusterState, Effect, JobRecord, Launch, Reshape, SetQuota
 from reamer.domain import ClusterSnapshot, Container, ContainerTelemetry, Decision, JobState, JobTelemetry
 from reamer.domain import Node, Role, TrainingJob
@@ -142,7 +143,7 @@ class LocalCluster:
         ps = sorted((c for c in j.containers.values() if c.role is Role.PS), key=lambda c: c.id)
         ws = sorted((c for c in j.containers.values() if c.role is Role.WORKER), key=lambda c: c.id)
         ckpt = self._ckpt(j)
-        resume = ["--resume", str(ckpt)] if any(ckpt.glob("shard-*.npz")) else []
+        resume = ["--resume", str(ckpt)] if read_manifest(ckpt) is not None else []
         addrs, versions = [], []
         for k, c in enumerate(ps):
             ip = self.testbed.ip(self.local[c.node].host)

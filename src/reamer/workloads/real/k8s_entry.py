@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
+
+from reamer.workloads.real.ps_training import read_manifest
+from collections.abc import Mapping
 
 
 def argv_from_env(env: Mapping[str, str]) -> list[str]:
@@ -36,7 +38,7 @@ def argv_from_env(env: Mapping[str, str]) -> list[str]:
                 "--shard", str(index), "--shards", str(len(ps)), "--workers", str(len(workers)), "--model", model]
         if ckpt:
             argv += ["--checkpoint", ckpt]
-            if any(Path(ckpt).glob("shard-*.npz")):
+            if read_manifest(Path(ckpt)) is not None:
                 argv += ["--resume", ckpt]
         return argv
     if role != "worker":

@@ -252,42 +252,53 @@ class ParameterServer:
         self.port = self.sock.getsockname()[1]
 
     # ---- checkpoint (re-sharding: a job restarted with another number of shards resumes)
+    # A checkpoint of N shards at step S is the files s{N}-v{S}-k{K}.npz (each: its tensors by
+    # model index and the step). The manifest (manifest.json: shards, step) is written
+    # atomically once every file of a layout and step exists; resume reads only the manifest's
+    # files, and every other file is removed once a new checkpoint is complete — a shard that
+    # died mid-save, or one a step ahead of the others, leaves the last complete one intact.
     def _resume(self, directory: str) -> int:
-        """Load this shard's tensors from the checkpoint files of any earlier shard layout
-        (each file holds tensors by their index in the model). Returns the step to resume at:
-        the lowest step among the files (a shard stopped mid-step may be one step ahead)."""
+        """Load this shard's tensors from the manifest's layout (any shard count). Returns the
+        step to resume at: the manifest's."""
         from pathlib import Path
 
-        files = sorted(Path(directory).glob("shard-*.npz"))
-        if not files:
-            raise ValueError(f"--resume {directory}: expected shard-*.npz checkpoint files, found none")
+        d = Path(directory)
+        m = read_manifest(d)
+        if m is None:
+            raise ValueError(f"--resume {directory}: expected a checkpoint manifest (manifest.json), found none")
+        shards, version = m
         tensors: dict[int, np.ndarray] = {}
-        versions = []
-        for f in files:
+        for k in range(shards):
+            f = d / layout_file(shards, k, version)
             with np.load(f) as z:
-                versions.append(int(z["version"]))
-                for k in z.files:
-                    if k.startswith("t"):
-                        tensors[int(k[1:])] = z[k]
+                if int(z["version"]) != version:
+                    raise ValueError(f"--resume {directory}: {f.name} holds step {int(z['version'])}, "
+                                     f"the manifest step {version}")
+                for key in z.files:
+                    if key.startswith("t"):
+                        tensors[int(key[1:])] = z[key]
         for j, i in enumerate(self.indices):
             a = tensors.get(i)
             if a is None or a.size != self.numels[j]:
                 raise ValueError(f"--resume {directory}: tensor {i} missing or of the wrong size")
             self.params[j] = a.astype(F32).ravel().copy()
-        return min(versions)
+        return version
 
     def _save(self) -> None:
-        """Write this shard's tensors (by model index) and step atomically."""
+        """Write this shard's tensors (by model index) and step atomically; the shard that
+        completes its layout commits it in the manifest and removes the other layouts."""
         from pathlib import Path
 
         d = Path(self.checkpoint)  # type: ignore[arg-type]
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".shard-{self.shard}.tmp.npz"
         with self.cond:
             arrays = {f"t{i}": p.copy() for i, p in zip(self.indices, self.params, strict=True)}
             version = self.version
+        name = layout_file(self.shards, self.shard, version)
+        tmp = d / f".{name}.tmp.npz"
         np.savez(tmp, version=np.int64(version), **arrays)
-        os.replace(tmp, d / f"shard-{self.shard}.npz")
+        os.replace(tmp, d / name)
+        commit_layout(d, self.shards, version)
 
     # ---- state machine
     def _wait_version(self, step: int, conn: Conn) -> None:
@@ -447,6 +458,51 @@ class ParameterServer:
                 self._save()
             self._report("done")
         return 1 if self.failed else 0
+
+
+# --------------------------------------------------------------------------- checkpoint layouts
+MANIFEST = "manifest.json"
+
+
+def layout_file(shards: int, shard: int, step: int) -> str:
+    return f"s{shards}-v{step}-k{shard}.npz"
+
+
+def read_manifest(d: Any) -> tuple[int, int] | None:
+    """(shards, step) of the checkpoint in folder ``d``; None when there is none yet."""
+    from pathlib import Path
+
+    f = Path(d) / MANIFEST
+    try:
+        m = json.loads(f.read_text())
+        return int(m["shards"]), int(m["step"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{f}: expected {{\"shards\": N, \"step\": S}}, got {e}") from None
+
+
+def commit_layout(d: Any, shards: int, version: int) -> bool:
+    """Commit the ``shards``-shard layout at ``version`` when all its files hold that step
+    (else nothing changes: the manifest keeps the last complete layout). True when committed."""
+    from pathlib import Path
+
+    d = Path(d)
+    for k in range(shards):
+        try:
+            with np.load(d / layout_file(shards, k, version)) as z:
+                if int(z["version"]) != version:
+                    return False
+        except (OSError, ValueError, KeyError):
+            return False
+    tmp = d / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"shards": shards, "step": version}))
+    os.replace(tmp, d / MANIFEST)
+    keep = {layout_file(shards, k, version) for k in range(shards)}
+    for f in d.glob("s*-v*-k*.npz"):
+        if f.name not in keep:
+            f.unlink(missing_ok=True)
+    return True
 
 
 # --------------------------------------------------------------------------- worker
@@ -720,7 +776,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--serve-forever", action="store_true", help="do not exit when all workers are done")
     p.add_argument("--checkpoint", default=None, help="directory: write this shard's tensors and step on exit")
     p.add_argument("--resume", default=None,
-                   help="directory of shard-*.npz from a previous run (any shard count): start from it")
+                   help="checkpoint folder of a previous run (its manifest.json; any shard count): start from it")
     w = sub.add_parser("worker", help="one data-parallel worker")
     w.add_argument("--ps", required=True, help="HOST:PORT[,HOST:PORT...]; the i-th is shard i")
     w.add_argument("--steps", type=int, default=100, help="the global step to stop at (a resumed job starts at the PS step)")
