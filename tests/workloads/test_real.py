@@ -224,9 +224,33 @@ def test_loadgen_reports_percentiles_and_rate_against_a_local_server():
     assert r["ok"] == r["sent"] and not r["errors"]
     lat = r["latency_ms"]
     assert 2.0 <= lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
-    assert r["achieved_rate"] == pytest.approx(r["sent"] / 1.0)
+    assert r["achieved_rate"] == pytest.approx(r["ok"] / r["wall_s"], rel=1e-2) and 0.5 < r["wall_s"] < 2.0
     with pytest.raises(ValueError):
         loadgen.run_load("ftp://127.0.0.1/x", rates=[1.0], duration_s=1.0)
+
+
+class _Fail(_Echo):
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_window_of_failures_reports_them_at_the_timeout():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Fail)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    windows = []
+    try:
+        r = loadgen.run_load(f"http://127.0.0.1:{srv.server_address[1]}/infer", rates=[50.0], duration_s=1.0,
+                             seed=4, max_inflight=8, timeout_s=2.0, window_s=0.5, on_window=windows.append)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r["ok"] == 0 and r["errors"] == {"503": r["sent"]} and r["achieved_rate"] == 0.0
+    busy = [w for w in windows if w["errors"]]
+    assert busy and all(w["p99_ms"] is None and w["p99_with_failures_ms"] == 2000.0 for w in busy)
 
 
 def test_the_cli_sends_the_schedule_that_schedule_of_replays(capsys):

@@ -49,14 +49,17 @@ def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
     if run.result.restarts_s:
         m["restart_s_mean"] = statistics.fmean(run.result.restarts_s)
     for sid, windows in run.services.items():
-        judged = [w for w in windows if w["ok"] > 0]
+        # every window with traffic is judged: one with errors, or with no success at all, is missed
+        judged = [w for w in windows if w["ok"] + w["errors"] > 0]
         if judged:
             met = sum(1 for w in judged if w["p99_ms"] is not None and w["p99_ms"] <= slo_ms[sid] and w["errors"] == 0)
             m[f"slo_attainment_pct:{sid}"] = 100.0 * met / len(judged)
+            m[f"windows_missed:{sid}"] = float(len(judged) - met)
         rep = run.load_reports.get(sid)
-        if rep and rep.get("latency_ms", {}).get("p99") is not None:
-            m[f"p99_ms:{sid}"] = rep["latency_ms"]["p99"]
+        if rep:
             m[f"errors:{sid}"] = float(sum(rep.get("errors", {}).values()))
+            if rep.get("latency_ms", {}).get("p99") is not None:
+                m[f"p99_ms:{sid}"] = rep["latency_ms"]["p99"]
     return m
 
 
