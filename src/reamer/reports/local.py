@@ -43,7 +43,8 @@ def phases(rounds: Any, job: str) -> list[dict[str, Any]]:
 
 def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
     """Flat metrics of a real run (DESIGN.md §4 style keys)."""
-    m: dict[str, float] = {"wall_s": run.result.wall_s, "unfinished_jobs": float(run.result.unfinished)}
+    m: dict[str, float] = {"wall_s": run.result.wall_s, "unfinished_jobs": float(run.result.unfinished),
+                           "actuation_errors": float(len(run.result.actuation_errors))}
     for job, jct in run.result.jct_s.items():
         m[f"jct_s:{job}"] = jct
     if run.result.restarts_s:

@@ -31,6 +31,7 @@ class LocalResult:
     restarts_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     unfinished: int = 0
+    actuation_errors: list[tuple[float, str, str]] = field(default_factory=list)  # logged, reconciled, not fatal
 
 
 @dataclass
@@ -80,6 +81,7 @@ def run_local(
         if j.state is JobState.DONE and j.finished_s is not None:
             res.jct_s[jid] = j.finished_s - j.spec.arrival_s
     res.restarts_s = list(cluster.restarts_s)
+    res.actuation_errors = list(cluster.actuation_errors)
     res.unfinished = len(cluster.pending) + sum(1 for j in cluster.state.jobs.values() if j.state is not JobState.DONE)
     res.wall_s = cluster.now() - start
     return res
@@ -123,6 +125,7 @@ def run_scenario(
                            harvest=harvest, done=done)
         run = LocalRun(result, swept=session.swept, events=session.events())
         if inference is not None:
+            result.actuation_errors += inference.actuation_errors
             run.replica_metrics = inference.replica_metrics()
             run.services, run.load_reports = inference.load_results()
         return run

@@ -184,3 +184,20 @@ def test_preempt_keeps_progress_and_a_finished_job_is_done(world):
     world.cluster.observe(9.0)
     j = world.cluster.state.jobs["j"]
     assert j.state is JobState.DONE and j.finished_s == 9.0 and world.cluster.finished
+
+
+def test_a_failed_actuation_is_logged_and_reconciled_next_round(world):
+    cluster = world.cluster
+    worker = next(cid for cid in cluster.state.owner if "/worker" in cid)
+    real = cluster.executor.set_cpu
+
+    def broken(name, cores):
+        raise OSError("cgroup write failed")
+
+    cluster.executor.set_cpu = broken
+    cluster.actuate([Resize(worker, Resources(2, 1024))], 1.0)  # does not raise
+    assert len(cluster.actuation_errors) == 1 and "cgroup write failed" in cluster.actuation_errors[0][2]
+    cluster.executor.set_cpu = real
+    cluster.observe(2.0)  # the next round writes the state's quotas again
+    assert ("cpu", cluster.cgroup_name(worker), 2) in world.ops
+    assert not cluster._reconcile

@@ -103,6 +103,8 @@ class LocalCluster:
         self._net: dict[str, tuple[float, int, int]] = {}
         self._last_observe = 0.0
         self.restarts_s: list[float] = []  # measured stop → running time of each restart
+        self.actuation_errors: list[tuple[float, str, str]] = []  # (t, job, what failed): reconciled next round
+        self._reconcile: set[str] = set()  # jobs whose last actuation failed
         self.events: list[tuple[float, str, str]] = []  # (t, job, what) for the report
 
     # ------------------------------------------------------------------ helpers
@@ -218,6 +220,8 @@ class LocalCluster:
         while self.pending and self.pending[0].arrival_s <= now:
             spec = self.pending.pop(0)
             self.state.submit(spec, spec.arrival_s)
+        for jid in sorted(self._reconcile):
+            self._reconcile_job(jid, now)
         since = self._last_observe
         for jid in list(self.state.running):
             if self._collect(self.runs[jid]):
@@ -307,9 +311,38 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ actuate
     def actuate(self, decisions: Sequence[Decision], now: float) -> None:
-        """Book each decision in the shared state (which validates it), then carry it out."""
+        """Book each decision in the shared state (which validates it), then carry it out. A
+        decision that fails to be carried out (a cgroup write, a process that did not start)
+        is logged and reconciled from the state next round; the others go on."""
         for d in decisions:
-            self._carry(self.state.apply(d, now), now)
+            e = self.state.apply(d, now)
+            try:
+                self._carry(e, now)
+            except Exception as err:  # noqa: BLE001 - one actuation's failure is not the run's
+                log.warning("carrying out %s failed (%s): reconciled next round", d, err)
+                self.actuation_errors.append((now, e.job, f"{type(d).__name__}: {err}"))
+                self._reconcile.add(e.job)
+
+    def _reconcile_job(self, jid: str, now: float) -> None:
+        """Make what runs of ``jid`` match the state again: a running job whose processes all
+        live gets its quotas rewritten; one missing a process restarts from its checkpoint; a
+        job no longer running has its processes released."""
+        j, run = self.state.jobs[jid], self.runs[jid]
+        try:
+            if j.state is not JobState.RUNNING:
+                self._release(run)
+            elif set(run.procs) == set(j.containers) and all(p.alive() for p in run.procs.values()):
+                for cid, c in j.containers.items():
+                    self.executor.set_cpu(self.cgroup_name(cid), c.res.cpu)
+            else:
+                self._stop(jid, list(run.procs))
+                self._launch(j)
+                self.state.mark_changed(jid, self.now())
+            self._reconcile.discard(jid)
+            self._event(now, jid, "reconciled")
+        except Exception as err:  # noqa: BLE001 - still failing: tried again next round
+            log.warning("reconciling %s failed (%s): tried again next round", jid, err)
+            self.actuation_errors.append((now, jid, f"reconcile: {err}"))
 
     def _carry(self, e: Effect, now: float) -> None:
         j = self.state.jobs[e.job]

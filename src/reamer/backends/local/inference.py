@@ -129,6 +129,7 @@ class LocalInference:
         self._cpu: dict[str, tuple[float, CpuStats]] = {}
         self._load_wanted = self._load_started = False
         self.events: list[tuple[float, str, str]] = []
+        self.actuation_errors: list[tuple[float, str, str]] = []  # (t, decision, what failed)
 
     # ------------------------------------------------------------------ load
     def start_load(self) -> None:
@@ -206,13 +207,21 @@ class LocalInference:
             if isinstance(e, StartReplica | MoveReplica):
                 try:
                     self._start(s, e.replica if isinstance(e, StartReplica) else e.new)
-                except BaseException:
+                except Exception as err:  # noqa: BLE001 - one replica's failure is not the run's
                     self.replicas.undo(e)  # it never served: the old replica (if any) still does
-                    raise
+                    self._failed(now, d, err)
+                    continue
                 if isinstance(e, MoveReplica):
                     self._stop(s, e.old.id)  # make (the new one serves) before break (drained, then stopped)
             elif isinstance(e, SetReplicaQuota):
-                self.executor.set_cpu(self._cg(e.replica.id), e.replica.cores)
+                try:
+                    self.executor.set_cpu(self._cg(e.replica.id), e.replica.cores)
+                except Exception as err:  # noqa: BLE001 - the quota stays; so does the booking
+                    r = e.replica
+                    self.replicas.services[e.service].replicas[r.id] = Replica(r.id, r.node, e.before_cores,
+                                                                               r.max_batch, r.max_wait_s)
+                    self._failed(now, d, err)
+                    continue
             else:
                 self._stop(s, e.replica.id)
             touched.add(e.service)
@@ -222,6 +231,10 @@ class LocalInference:
             self._route(self.services[sid])
         if self._load_wanted and not self._load_started and all(s.ports for s in self.services.values()):
             self._start_load()  # the trace starts once every service has a replica serving
+
+    def _failed(self, now: float, d: HarvestDecision, err: Exception) -> None:
+        log.warning("carrying out %s failed (%s): the state keeps what runs", d, err)
+        self.actuation_errors.append((now, str(d), str(err)))
 
     def _cg(self, rid: str) -> str:
         return rid.replace("/", ".")
