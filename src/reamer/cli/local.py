@@ -12,7 +12,7 @@ from reamer.backends.local.session import sigterm_as_interrupt
 from reamer.config.local import LocalScenario
 from reamer.errors import InputError
 from reamer.models.profiles import Profiles
-from reamer.reports.local import phases, summarize, write_local_report
+from reamer.reports.local import failures, phases, summarize, write_local_report
 from reamer.runtime.local import run_scenario
 from reamer.runtime.rounds import RoundRecord
 
@@ -32,8 +32,10 @@ def _round_line(r: RoundRecord) -> str:
     return " | ".join(parts)
 
 
-def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Console, report: Path) -> dict[str, float]:
-    """Run ``sc`` for real; Ctrl-C or SIGTERM stop it and still remove everything."""
+def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Console,
+             report: Path) -> tuple[dict[str, float], list[dict]]:
+    """Run ``sc`` for real; Ctrl-C or SIGTERM stop it and still remove everything. Returns its
+    metrics and what failed during it."""
     missing = [s.model for s in sc.services if s.model not in profiles.inference]
     if missing:
         raise InputError("profiles", "inference", f"a service-time profile for {missing[0]} (run: reamer calibrate)")
@@ -59,6 +61,9 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
     for k, v in metrics.items():
         m.add_row(k, f"{v:,.2f}")
     out.print(m)
+    for f in failures(run):
+        console.print(f"[yellow]failure[/yellow] t={f['t_s']:.0f}s {f['job']}: {f['what']}, {f['steps_lost']} steps lost"
+                      + (f"; given up: {f['gave_up']}" if f["gave_up"] else ""), highlight=False)
     write_local_report(report, f"Reamer demo: {sc.name} (real run)", run, slo)
     out.print(f"HTML report (real run): {report.resolve()}")
-    return metrics
+    return metrics, failures(run)

@@ -143,6 +143,7 @@ def demo(
     """A short real run (NEARCHUS re-allocates a PS job while Reamer serves inference on the
     spare CPU), then every policy side by side in simulation."""
     real_metrics: dict[str, float] = {}
+    real_failures: list[dict] = []
     with _errors():
         if mode not in ("auto", "real", "sim"):
             raise InputError("--mode", "value", "one of auto, real, sim", mode)
@@ -158,15 +159,16 @@ def demo(
             if reason is None:
                 from reamer.cli.local import run_real
 
-                real_metrics = run_real(local, prof, console, _out(),
-                                        report.with_name(f"{report.stem}-real{report.suffix}"))
+                real_metrics, real_failures = run_real(local, prof, console, _out(),
+                                                       report.with_name(f"{report.stem}-real{report.suffix}"))
             elif mode == "real":
                 raise InputError("reamer demo --mode real", "machine", "root, writable cgroups, iproute2", reason)
             else:
                 console.print(f"no real run: {reason}; simulation only", highlight=False)
         if mode == "real":
             if json_out:
-                write_json(json_out, document("demo", [run_entry("local", 0, "nearchus+reamer", real_metrics)]))
+                write_json(json_out, document("demo", [{**run_entry("local", 0, "nearchus+reamer", real_metrics),
+                                                        "failures": real_failures}]))
             return
         sc = load_scenario(None)
         prof = load_profiles(profiles)
@@ -184,7 +186,7 @@ def demo(
     if json_out:
         entries = [run_entry(r.scenario, r.seed, r.policy, r.metrics) for r in (*results, *colo_results)]
         if real_metrics:
-            entries.insert(0, run_entry("local", 0, "nearchus+reamer", real_metrics))
+            entries.insert(0, {**run_entry("local", 0, "nearchus+reamer", real_metrics), "failures": real_failures})
         write_json(json_out, document("demo", entries))
     write_report(report, f"Reamer demo: {sc.name}", results)
     colo_report = report.with_name(f"{report.stem}-colocation{report.suffix}")
@@ -210,11 +212,10 @@ def local_command(
         reason = unavailable()
         if reason is not None:
             raise InputError("reamer local", "machine", "root, writable cgroups, iproute2, torch, onnxruntime", reason)
-        metrics = run_real(sc, prof, console, _out(), report)
+        metrics, failed = run_real(sc, prof, console, _out(), report)
     if json_out:
-        write_json(json_out, document("local", [run_entry(sc.name, sc.seed, sc.policy.training
-                                                           + (f"+{sc.policy.harvest}" if sc.services and sc.policy.harvest
-                                                              else ""), metrics)]))
+        name = sc.policy.training + (f"+{sc.policy.harvest}" if sc.services and sc.policy.harvest else "")
+        write_json(json_out, document("local", [{**run_entry(sc.name, sc.seed, name, metrics), "failures": failed}]))
 
 
 @app.command()

@@ -43,8 +43,11 @@ def phases(rounds: Any, job: str) -> list[dict[str, Any]]:
 
 def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
     """Flat metrics of a real run (DESIGN.md §4 style keys)."""
-    m: dict[str, float] = {"wall_s": run.result.wall_s, "unfinished_jobs": float(run.result.unfinished),
-                           "actuation_errors": float(len(run.result.actuation_errors))}
+    res = run.result
+    m: dict[str, float] = {"wall_s": res.wall_s, "unfinished_jobs": float(res.unfinished - len(res.failed_jobs)),
+                           "failed_jobs": float(len(res.failed_jobs)), "job_failures": float(len(res.failures)),
+                           "steps_lost": float(sum(f[3] for f in res.failures)),
+                           "actuation_errors": float(len(res.actuation_errors))}
     for job, jct in run.result.jct_s.items():
         m[f"jct_s:{job}"] = jct
     if run.result.restarts_s:
@@ -62,6 +65,14 @@ def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
             if rep.get("latency_ms", {}).get("p99") is not None:
                 m[f"p99_ms:{sid}"] = rep["latency_ms"]["p99"]
     return m
+
+
+def failures(run: Any) -> list[dict[str, Any]]:
+    """What died during a real run and what became of it (the JSON's ``failures``)."""
+    res = run.result
+    return [{"t_s": round(t, 3), "job": job, "what": what, "steps_lost": lost,
+             "gave_up": res.failed_jobs.get(job) if i == max(k for k, f in enumerate(res.failures) if f[1] == job)
+             else None} for i, (t, job, what, lost) in enumerate(res.failures)]
 
 
 def figures(run: Any, slo_ms: dict[str, float]) -> list[go.Figure]:

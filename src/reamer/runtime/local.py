@@ -32,6 +32,8 @@ class LocalResult:
     wall_s: float = 0.0
     unfinished: int = 0
     actuation_errors: list[tuple[float, str, str]] = field(default_factory=list)  # logged, reconciled, not fatal
+    failures: list[tuple[float, str, str, int]] = field(default_factory=list)  # (t, job, what died, steps lost)
+    failed_jobs: dict[str, str] = field(default_factory=dict)  # job -> why it was given up
 
 
 @dataclass
@@ -78,10 +80,11 @@ def run_local(
         next_t = max(next_t + interval_s, cluster.now())  # a slow round (a restart) skips ticks
         sleep(max(0.0, next_t - cluster.now()))
     for jid, j in cluster.state.jobs.items():
-        if j.state is JobState.DONE and j.finished_s is not None:
+        if j.state is JobState.DONE and j.finished_s is not None and jid not in cluster.failed_jobs:
             res.jct_s[jid] = j.finished_s - j.spec.arrival_s
     res.restarts_s = list(cluster.restarts_s)
     res.actuation_errors = list(cluster.actuation_errors)
+    res.failures, res.failed_jobs = list(cluster.failures), dict(cluster.failed_jobs)
     res.unfinished = len(cluster.pending) + sum(1 for j in cluster.state.jobs.values() if j.state is not JobState.DONE)
     res.wall_s = cluster.now() - start
     return res

@@ -201,3 +201,27 @@ def test_a_failed_actuation_is_logged_and_reconciled_next_round(world):
     cluster.observe(2.0)  # the next round writes the state's quotas again
     assert ("cpu", cluster.cgroup_name(worker), 2) in world.ops
     assert not cluster._reconcile
+
+
+def test_a_dead_worker_restarts_the_job_from_its_checkpoint_until_it_is_given_up(world):
+    c = world.cluster
+    for w in world.workers:
+        w.run(10)
+    world.workers[-1].live = False  # kill -9: gone without a "stopped" line
+    world.ops.clear()
+    view = c.observe(1.0)
+    assert _spawned(world) == [("j.ps0", True), ("j.worker1", False), ("j.worker2", False)]  # from the checkpoint
+    assert [(f[1], f[2]) for f in c.failures] == [("j", "j/worker2 exited")]
+    assert view.running[0].samples_done == 200 and "j" not in c.failed_jobs
+    t = 1.0
+    for attempt in range(3):  # it keeps dying: restarts back off (2 s, 4 s), then the job is given up
+        world.workers[-1].live = False
+        t += 1.0
+        c.observe(t)
+        if attempt < 2:
+            assert c.state.jobs["j"].state is JobState.RUNNING and not c.runs["j"].procs  # waiting out the back-off
+            t += 2.0 * 2 ** attempt
+            c.observe(t)
+            assert c.runs["j"].procs  # started again
+    assert c.state.jobs["j"].state is JobState.DONE and "gave up after 3 restarts" in c.failed_jobs["j"]
+    assert len(c.failures) == 4

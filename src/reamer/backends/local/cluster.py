@@ -64,6 +64,7 @@ class _Run:
     procs: dict[str, Proc] = field(default_factory=dict)
     samples_base: float = 0.0  # samples of earlier incarnations
     start_step: int = 0  # global step this incarnation resumed at
+    reached: int = 0  # the step reached before the last failure
     progress: dict[str, int] = field(default_factory=dict)  # worker container → last reported step
     marks: dict[str, tuple[float, int]] = field(default_factory=dict)  # worker → (t, step) at last observe
 
@@ -88,6 +89,9 @@ class LocalCluster:
         stop_timeout_s: float = 60.0,
         report_every_s: float = 1.0,
         seed: int = 0,
+        checkpoint_every: int = 20,
+        max_restarts: int = 3,
+        restart_backoff_s: float = 2.0,
     ):
         self.local = {n.node.name: n for n in nodes}
         self.state = ClusterState([n.node for n in nodes], {n.node.name: n.cpus for n in nodes})
@@ -104,6 +108,11 @@ class LocalCluster:
         self._last_observe = 0.0
         self.restarts_s: list[float] = []  # measured stop → running time of each restart
         self.actuation_errors: list[tuple[float, str, str]] = []  # (t, job, what failed): reconciled next round
+        self.checkpoint_every, self.max_restarts, self.restart_backoff_s = checkpoint_every, max_restarts, \
+            restart_backoff_s
+        self.failures: list[tuple[float, str, str, int]] = []  # (t, job, what died, steps lost)
+        self.failed_jobs: dict[str, str] = {}  # job -> why it was given up
+        self._retry_at: dict[str, float] = {}  # job -> when its next restart is due (back-off)
         self._reconcile: set[str] = set()  # jobs whose last actuation failed
         self.events: list[tuple[float, str, str]] = []  # (t, job, what) for the report
 
@@ -152,7 +161,7 @@ class LocalCluster:
             run.procs[c.id] = self._spawn(c, ["ps", "--host", ip, "--port", "0", "--shard", str(k), "--shards",
                                               str(len(ps)), "--workers", str(len(ws)), "--model", j.spec.model,
                                               "--seed", str(self.seed), "--checkpoint", str(ckpt), "--report-every",
-                                              "0", *resume])
+                                              "0", "--checkpoint-every", str(self.checkpoint_every), *resume])
         for c in ps:
             hello = run.procs[c.id].wait_for("listening", self.launch_timeout_s)
             addrs.append(f"{self.testbed.ip(self.local[c.node].host)}:{hello['port']}")
@@ -222,6 +231,8 @@ class LocalCluster:
             self.state.submit(spec, spec.arrival_s)
         for jid in sorted(self._reconcile):
             self._reconcile_job(jid, now)
+        for jid in list(self.state.running):
+            self._check_alive(jid, now)
         since = self._last_observe
         for jid in list(self.state.running):
             if self._collect(self.runs[jid]):
@@ -322,6 +333,56 @@ class LocalCluster:
                 log.warning("carrying out %s failed (%s): reconciled next round", d, err)
                 self.actuation_errors.append((now, e.job, f"{type(d).__name__}: {err}"))
                 self._reconcile.add(e.job)
+
+    def _check_alive(self, jid: str, now: float) -> None:
+        """A process of a running job exited before the job was done: the others leave (the PS
+        checkpoint), and the job restarts from its latest complete checkpoint — at once, then
+        after ``restart_backoff_s`` doubling — up to ``max_restarts`` times; then it is given up
+        (``failed_jobs``, with the reason)."""
+        run, j = self.runs[jid], self.state.jobs[jid]
+        if jid in self._retry_at:
+            if now < self._retry_at[jid]:
+                return
+            del self._retry_at[jid]
+            self._relaunch(jid, now, "")
+            return
+        dead = sorted(cid for cid, p in run.procs.items() if not p.alive())
+        if not dead or self._collect(run):
+            return
+        reason = f"{', '.join(dead)} exited"
+        log.warning("job %s: %s before the job was done", jid, reason)
+        reached = max(run.progress.values(), default=run.start_step)
+        self._stop(jid, [cid for cid in run.procs if cid in j.containers and j.containers[cid].role is Role.WORKER])
+        run.reached = reached
+        n = sum(1 for f in self.failures if f[1] == jid)
+        if n >= self.max_restarts:
+            self.failures.append((now, jid, reason, 0))
+            self.failed_jobs[jid] = f"{reason}; gave up after {n} restarts"
+            self._event(now, jid, f"failed: {self.failed_jobs[jid]}")
+            self.state.finish(jid, now)
+            return
+        if n == 0:
+            self._relaunch(jid, now, reason)
+        else:
+            self._retry_at[jid] = now + self.restart_backoff_s * 2 ** (n - 1)
+            self.failures.append((now, jid, reason, 0))
+
+    def _relaunch(self, jid: str, now: float, reason: str) -> None:
+        """Start the job again from its latest complete checkpoint; the steps after it are lost."""
+        run, j = self.runs[jid], self.state.jobs[jid]
+        workers = sum(1 for c in j.containers.values() if c.role is Role.WORKER)
+        t = self.clock()
+        self._launch(j)
+        lost = max(0, run.reached - run.start_step)
+        run.samples_base = max(0.0, run.samples_base - lost * j.spec.batch * workers)
+        if reason:
+            self.failures.append((now, jid, reason, lost))
+        elif self.failures:
+            f = self.failures[-1]
+            self.failures[-1] = (f[0], f[1], f[2], lost)
+        self.restarts_s.append(self.clock() - t)
+        self.state.mark_changed(jid, self.now())
+        self._event(now, jid, f"restarted from step {run.start_step} ({lost} steps lost)")
 
     def _reconcile_job(self, jid: str, now: float) -> None:
         """Make what runs of ``jid`` match the state again: a running job whose processes all

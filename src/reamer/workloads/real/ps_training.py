@@ -217,6 +217,7 @@ class ParameterServer:
         serve_forever: bool = False,
         checkpoint: str | None = None,
         resume: str | None = None,
+        checkpoint_every: int = 0,
     ):
         from reamer.workloads.real.nets import build_model
 
@@ -234,6 +235,7 @@ class ParameterServer:
         self.lr = lr
         self.version = 0  # number of SGD steps applied
         self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every  # also save every N applied steps (0: only on exit)
         if resume:
             self.version = self._resume(resume)
         self.pushed: set[int] = set()
@@ -340,6 +342,8 @@ class ParameterServer:
         self.pushed.clear()
         self.version += 1
         self.cond.notify_all()
+        if self.checkpoint and self.checkpoint_every and self.version % self.checkpoint_every == 0:
+            self._save()  # every shard saves the same step: the checkpoint commits once all have
         if self.report_every and self.version % self.report_every == 0:
             self._report("interval")
 
@@ -775,6 +779,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report-every", type=int, default=10, help="telemetry every N applied steps")
     p.add_argument("--serve-forever", action="store_true", help="do not exit when all workers are done")
     p.add_argument("--checkpoint", default=None, help="directory: write this shard's tensors and step on exit")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="with --checkpoint: also save every N applied steps (0: only on exit)")
     p.add_argument("--resume", default=None,
                    help="checkpoint folder of a previous run (its manifest.json; any shard count): start from it")
     w = sub.add_parser("worker", help="one data-parallel worker")
@@ -800,7 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.role == "ps":
         server = ParameterServer(a.model, a.shard, a.shards, a.workers, lr=a.lr, seed=a.seed, host=a.host,
                                  port=a.port, report_every=a.report_every, serve_forever=a.serve_forever,
-                                 checkpoint=a.checkpoint, resume=a.resume)
+                                 checkpoint=a.checkpoint, resume=a.resume, checkpoint_every=a.checkpoint_every)
 
         def on_term(signum: int, frame: Any) -> None:
             server.stop.set()
