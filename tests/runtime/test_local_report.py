@@ -11,7 +11,7 @@ def test_windows_with_errors_or_no_success_count_as_missed():
     windows = [{"ok": 10, "errors": 0, "p99_ms": 50.0}, {"ok": 0, "errors": 5, "p99_ms": None},
                {"ok": 9, "errors": 1, "p99_ms": 40.0}, {"ok": 0, "errors": 0, "p99_ms": None}]
     run = SimpleNamespace(result=SimpleNamespace(wall_s=10.0, unfinished=0, jct_s={}, restarts_s=[], actuation_errors=[],
-                                                 failures=[], failed_jobs={}),
+                                                 failures=[], failed_jobs={}, replica_failures=[]),
                           services={"vgg": windows},
                           load_reports={"vgg": {"errors": {"ConnectionRefusedError": 6}, "latency_ms": {"p99": None}}})
     m = summarize(run, {"vgg": 250.0})

@@ -62,8 +62,12 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
         m.add_row(k, f"{v:,.2f}")
     out.print(m)
     for f in failures(run):
-        console.print(f"[yellow]failure[/yellow] t={f['t_s']:.0f}s {f['job']}: {f['what']}, {f['steps_lost']} steps lost"
-                      + (f"; given up: {f['gave_up']}" if f["gave_up"] else ""), highlight=False)
+        if "job" in f:
+            console.print(f"[yellow]failure[/yellow] t={f['t_s']:.0f}s {f['job']}: {f['what']}, {f['steps_lost']} "
+                          "steps lost" + (f"; given up: {f['gave_up']}" if f["gave_up"] else ""), highlight=False)
+        else:
+            console.print(f"[yellow]failure[/yellow] t={f['t_s']:.0f}s replica {f['replica']} {f['what']}: replaced",
+                          highlight=False)
     write_local_report(report, f"Reamer demo: {sc.name} (real run)", run, slo)
     out.print(f"HTML report (real run): {report.resolve()}")
     return metrics, failures(run)

@@ -47,7 +47,8 @@ def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
     m: dict[str, float] = {"wall_s": res.wall_s, "unfinished_jobs": float(res.unfinished - len(res.failed_jobs)),
                            "failed_jobs": float(len(res.failed_jobs)), "job_failures": float(len(res.failures)),
                            "steps_lost": float(sum(f[3] for f in res.failures)),
-                           "actuation_errors": float(len(res.actuation_errors))}
+                           "actuation_errors": float(len(res.actuation_errors)),
+                           "replica_failures": float(len(res.replica_failures))}
     for job, jct in run.result.jct_s.items():
         m[f"jct_s:{job}"] = jct
     if run.result.restarts_s:
@@ -70,9 +71,11 @@ def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
 def failures(run: Any) -> list[dict[str, Any]]:
     """What died during a real run and what became of it (the JSON's ``failures``)."""
     res = run.result
-    return [{"t_s": round(t, 3), "job": job, "what": what, "steps_lost": lost,
+    jobs = [{"t_s": round(t, 3), "job": job, "what": what, "steps_lost": lost,
              "gave_up": res.failed_jobs.get(job) if i == max(k for k, f in enumerate(res.failures) if f[1] == job)
              else None} for i, (t, job, what, lost) in enumerate(res.failures)]
+    return jobs + [{"t_s": round(t, 3), "replica": rid, "what": why, "replaced": True}
+                   for t, rid, why in res.replica_failures]
 
 
 def figures(run: Any, slo_ms: dict[str, float]) -> list[go.Figure]:

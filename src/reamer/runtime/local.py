@@ -34,6 +34,7 @@ class LocalResult:
     actuation_errors: list[tuple[float, str, str]] = field(default_factory=list)  # logged, reconciled, not fatal
     failures: list[tuple[float, str, str, int]] = field(default_factory=list)  # (t, job, what died, steps lost)
     failed_jobs: dict[str, str] = field(default_factory=dict)  # job -> why it was given up
+    replica_failures: list[tuple[float, str, str]] = field(default_factory=list)  # (t, replica, why)
 
 
 @dataclass
@@ -129,6 +130,7 @@ def run_scenario(
         run = LocalRun(result, swept=session.swept, events=session.events())
         if inference is not None:
             result.actuation_errors += inference.actuation_errors
+            result.replica_failures = list(inference.replica_failures)
             run.replica_metrics = inference.replica_metrics()
             run.services, run.load_reports = inference.load_results()
         return run

@@ -139,3 +139,61 @@ def test_replica_metrics_reads_each_serving_replica_and_skips_silent_ones(tmp_pa
 def test_the_load_generators_schedule_is_the_services_trace_for_its_length():
     spec = LocalService("svc", "vgg_cifar", 0.25, (10.0, 0.0, 30.0), window_s=5.0)
     assert schedule_of(load_schedule_args(spec, 3)) == poisson_arrivals([10.0, 0.0, 30.0], 5.0, 15.0, seed=3)
+
+
+def test_a_dead_or_silent_replica_leaves_routing_and_the_state(tmp_path):
+    """A replica process that exited goes at once; one that stops answering /healthz (hung,
+    SIGSTOPped) goes after two missed probes. Either leaves the endpoints and the booking."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from reamer.domain.inference import Replica
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            return None
+
+    srv = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, never answers: a stopped process
+
+    class P:
+        def __init__(self, alive):
+            self._alive = alive
+
+        def alive(self):
+            return self._alive
+
+        def kill(self):
+            self._alive = False
+
+        def close(self):
+            pass
+
+    inf = _inference(tmp_path, Recording())
+    try:
+        s, rec = inf.services["s"], inf.replicas.services["s"]
+        ports = {"s/r0": srv.server_address[1], "s/r1": silent.getsockname()[1], "s/r2": srv.server_address[1]}
+        for rid, alive in (("s/r0", True), ("s/r1", True), ("s/r2", False)):
+            rec.replicas[rid] = Replica(rid, "a", 1.0, 1, 0.0)
+            inf.replicas.owner[rid] = "s"
+            s.procs[rid], s.ports[rid] = P(alive), ports[rid]
+        inf.probe_timeout_s = 0.2
+        inf.observe(1.0)
+        assert sorted(s.procs) == ["s/r0", "s/r1"] and sorted(rec.replicas) == ["s/r0", "s/r1"]  # the dead one
+        inf.observe(2.0)
+        assert sorted(s.procs) == ["s/r0"] and sorted(rec.replicas) == ["s/r0"]  # the silent one, second miss
+        assert [f[1:] for f in inf.replica_failures] == [("s/r2", "exited"), ("s/r1", "stopped answering")]
+        assert str(ports["s/r1"]) not in s.endpoints.read_text()
+    finally:
+        srv.shutdown()
+        silent.close()
+        inf.close()

@@ -130,6 +130,9 @@ class LocalInference:
         self._load_wanted = self._load_started = False
         self.events: list[tuple[float, str, str]] = []
         self.actuation_errors: list[tuple[float, str, str]] = []  # (t, decision, what failed)
+        self.replica_failures: list[tuple[float, str, str]] = []  # (t, replica, exited | stopped answering)
+        self.probe_timeout_s = 0.5
+        self._misses: dict[str, int] = {}  # replica -> health probes missed in a row
 
     # ------------------------------------------------------------------ load
     def start_load(self) -> None:
@@ -174,10 +177,44 @@ class LocalInference:
             return None
         return max(0.0, (st - prev[1]).usage_s / (now - prev[0]))
 
+    def _check_replicas(self, now: float) -> None:
+        """A replica whose process died, or that did not answer ``/healthz`` within
+        ``probe_timeout_s`` twice in a row (hung, stopped), leaves routing at once and the
+        booking: the harvesting policy sees the service short of a replica and replaces it."""
+        import urllib.request
+
+        for s in self.services.values():
+            for rid in list(s.procs):
+                p, port = s.procs[rid], s.ports.get(rid)
+                ok = p.alive()
+                if ok and port is not None:
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
+                                                    timeout=self.probe_timeout_s) as r:
+                            ok = r.status == 200
+                    except OSError:
+                        ok = False
+                self._misses[rid] = 0 if ok else self._misses.get(rid, 0) + 1
+                if ok or (p.alive() and self._misses[rid] < 2):
+                    continue
+                why = "exited" if not p.alive() else "stopped answering"
+                log.warning("replica %s %s: out of routing, replaced", rid, why)
+                self.events.append((now, "ReplicaFailed", f"{rid} {why}"))
+                self.replica_failures.append((now, rid, why))
+                s.procs.pop(rid)
+                s.ports.pop(rid, None)
+                self._route(s)
+                p.kill()
+                p.close()
+                self.executor.remove(self._cg(rid), kill=True)
+                self.replicas.remove(rid)
+                self._misses.pop(rid, None)
+
     def observe(self, now: float) -> HarvestSnapshot:
         """Training's CPU use per node from its cgroups; its need is its CPU limits (NEARCHUS's
         allocations, trimmed to the measured need in the joint loop); each service's last
-        load-generator window."""
+        load-generator window. Dead or hung replicas are taken out first."""
+        self._check_replicas(now)
         usage = {}
         for node in self.training.nodes:
             used = 0.0

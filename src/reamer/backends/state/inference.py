@@ -141,6 +141,16 @@ class ReplicaState:
             s.replicas[e.old.id] = e.old
             self.owner[e.old.id] = s.id
 
+    def remove(self, rid: str) -> Replica | None:
+        """A replica that died or hung is gone (no decision asked for it): out of the state."""
+        sid = self.owner.get(rid)
+        if sid is None:
+            return None
+        s = self.services[sid]
+        r = s.replicas[rid]
+        self._drop(s, r)
+        return r
+
     def _add(self, s: ServiceRecord, node: str, cores: float, max_batch: int, max_wait_s: float) -> Replica:
         r = Replica(f"{s.id}/r{s.next_id}", node, cores, max_batch, max_wait_s)
         s.next_id += 1
