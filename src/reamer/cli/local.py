@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from reamer.backends.local.session import sigterm_as_interrupt
+from reamer.backends.local.session import RunLocked, sigterm_as_interrupt
 from reamer.config.local import LocalScenario
 from reamer.errors import InputError
 from reamer.models.profiles import Profiles
@@ -42,7 +42,10 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
     with sigterm_as_interrupt():
         console.print(f"[bold]real run[/bold]: {sc.name} ({len(sc.hosts)} testbed hosts, "
                       f"{len(sc.jobs)} training job(s), {len(sc.services)} service(s); up to {sc.max_s:g} s)")
-        run = run_scenario(sc, profiles, on_round=lambda r: console.print(_round_line(r), highlight=False))
+        try:
+            run = run_scenario(sc, profiles, on_round=lambda r: console.print(_round_line(r), highlight=False))
+        except RunLocked as e:
+            raise InputError("reamer local", "machine", "no other real run on this machine", str(e)) from None
     slo = {s.id: s.slo_p99_ms for s in sc.services}
     if run.swept:
         console.print(f"removed leftovers of an earlier run: {', '.join(run.swept)}")

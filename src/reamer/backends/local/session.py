@@ -27,6 +27,7 @@ from reamer.models.profiles import Profiles
 
 log = logging.getLogger(__name__)
 CGROUP_PREFIX = "reamer-local"
+LOCK_PATH = Path("/run/lock" if Path("/run/lock").is_dir() else tempfile.gettempdir()) / "reamer-local.lock"
 NETNS_PREFIX = "rmrl"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -96,6 +97,32 @@ class LocalSession:
         return sorted(self.cluster.events + (self.inference.events if self.inference else []))
 
 
+class RunLocked(RuntimeError):
+    """Another real run holds this machine (one run per machine: they share cgroups and
+    network-namespace names)."""
+
+
+@contextlib.contextmanager
+def run_lock(path: Path = LOCK_PATH) -> Iterator[None]:
+    """Hold the machine's one-run lock (an exclusive ``flock``; the holder's pid is written in
+    the file); :class:`RunLocked` names the holder when it is taken. The kernel frees it when
+    the holder dies, so a crashed run never blocks the next one."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise RunLocked(f"another reamer real run (pid {holder}) holds {path}: one run per machine") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def open_session(
     sc: LocalScenario,
@@ -105,10 +132,20 @@ def open_session(
     cgroup_root: Path = CGROUP_ROOT,
     replica_cpus: list[int] | None = None,
     apparatus_cpus: list[int] | None = None,
+    lock_path: Path = LOCK_PATH,
 ) -> Iterator[LocalSession]:
     """The testbed, cgroups and backends of ``sc``; everything is removed on exit.
     ``replica_cpus`` pins every inference replica (default: its node's CPUs);
-    ``apparatus_cpus`` pins this controller and the load generators away from what is measured."""
+    ``apparatus_cpus`` pins this controller and the load generators away from what is measured.
+    The machine's one-run lock is held throughout (:class:`RunLocked` when another run has
+    it), so the startup sweep only ever removes what dead runs left."""
+    with run_lock(lock_path), _session(sc, profiles, workdir, cgroup_root, replica_cpus, apparatus_cpus) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def _session(sc: LocalScenario, profiles: Profiles, workdir: Path | None, cgroup_root: Path,
+             replica_cpus: list[int] | None, apparatus_cpus: list[int] | None) -> Iterator[LocalSession]:
     if apparatus_cpus is not None:
         os.sched_setaffinity(0, set(apparatus_cpus))
     swept = sweep_leftovers(cgroup_root)
