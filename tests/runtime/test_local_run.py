@@ -134,10 +134,11 @@ def test_kill_9_then_the_startup_sweep_removes_everything(tmp_path):
     assert _left() == ([], [], [])
 
 
-def test_a_worker_killed_mid_run_restarts_from_its_checkpoint_and_the_job_finishes():
-    """kill -9 of a worker: the controller notices, the job resumes from its latest complete
-    checkpoint (the PS checkpoints every 20 steps), at most that interval of steps is lost,
-    the job finishes, the JSON says what died, and nothing is left behind."""
+@pytest.mark.parametrize("role", ["worker", "ps"])
+def test_a_process_killed_mid_run_restarts_the_job_from_its_checkpoint_and_the_job_finishes(role):
+    """kill -9 of a worker or of the PS: the controller notices, the job resumes from its
+    latest complete checkpoint (the PS checkpoints every 20 steps), at most that interval of
+    steps is lost, the job finishes, the JSON says what died, and nothing is left behind."""
     _need_local()
     sc = {**SCENARIO, "name": "test-kill-worker", "max_s": 120,
           "hosts": [{"name": "ps-a", "cores": 1.0, "cpus": [0]}, {"name": "trainer", "cores": 1.0, "cpus": [1]}],
@@ -153,7 +154,7 @@ def test_a_worker_killed_mid_run_restarts_from_its_checkpoint_and_the_job_finish
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"ps_training\x00worker" in cmd and time.monotonic() > start + 6:
+                if f"ps_training\x00{role}\x00".encode() in cmd and time.monotonic() > start + 6:
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                     return
@@ -164,10 +165,10 @@ def test_a_worker_killed_mid_run_restarts_from_its_checkpoint_and_the_job_finish
     start = time.monotonic()
     threading.Thread(target=killer, daemon=True).start()
     run = run_scenario(parse_local(sc, "test"), load_profiles(None))
-    assert killed, "the worker was never killed"
+    assert killed, f"the {role} was never killed"
     res = run.result
     assert res.unfinished == 0 and not res.failed_jobs, (res.failures, res.failed_jobs)
-    assert [f[1] for f in res.failures] == ["j1"] and "worker" in res.failures[0][2]
+    assert [f[1] for f in res.failures] == ["j1"] and role in res.failures[0][2]
     assert 0 <= res.failures[0][3] <= 20  # steps lost: at most one checkpoint interval
     assert "j1" in res.jct_s
     assert _left() == ([], [], [])
