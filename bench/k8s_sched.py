@@ -18,7 +18,7 @@ the sum of its pods' CPU requests (static shapes).
   the service's rate grows each round; per pod: the create + ``pods/binding`` time
   (``bind_*``) and the whole round's time ÷ the pods it bound (``round_per_pod_*``).
 
-Goal (issue): decision p99 < 10 ms.
+Goal: decision p99 < 10 ms.
 """
 
 from __future__ import annotations
