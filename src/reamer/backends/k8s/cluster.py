@@ -10,7 +10,6 @@ bookkeeping and both start from the cluster after a restart.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -39,15 +38,13 @@ class ClusterObjects:
 
 class Informers:
     """List + watch of every kind a component reads, in ``namespace`` (nodes and NodeSlacks
-    are cluster-scoped). ``changed`` is set on every change (a round may start early)."""
+    are cluster-scoped)."""
 
     def __init__(self, kube: Kube, namespace: str, *, resync_s: float = 30.0, watch_s: int = 30,
                  kinds: tuple[str, ...] = ("nodes", "pods", "jobs", "services", "slacks")) -> None:
-        self.changed = threading.Event()
         paths = {"nodes": nodes(), "pods": pods(namespace), "jobs": custom("trainingjobs", namespace),
                  "services": custom("inferenceservices", namespace), "slacks": custom("nodeslacks")}
-        self.reflectors = {k: Reflector(kube, paths[k], resync_s=resync_s, watch_s=watch_s,
-                                        on_change=self.changed.set) for k in kinds}
+        self.reflectors = {k: Reflector(kube, paths[k], resync_s=resync_s, watch_s=watch_s) for k in kinds}
 
     def start(self, timeout_s: float = 30.0) -> Informers:
         for r in self.reflectors.values():

@@ -238,15 +238,13 @@ class Store:
 class Reflector:
     """Keeps :attr:`store` equal to the server's objects at ``path``: list, then watch from the
     list's resourceVersion; a cut stream resumes from the last version seen, a 410 or any
-    other error re-lists (after ``backoff_s``), and every ``resync_s`` it re-lists anyway.
-    ``on_change`` is called (from the reflector's thread) after each change."""
+    other error re-lists (after ``backoff_s``), and every ``resync_s`` it re-lists anyway."""
 
     def __init__(self, kube: Kube, path: str, *, label_selector: str | None = None, resync_s: float = 30.0,
-                 watch_s: int = 30, backoff_s: float = 0.5, on_change: Callable[[], None] | None = None,
+                 watch_s: int = 30, backoff_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.kube, self.path, self.selector = kube, path, label_selector
         self.resync_s, self.watch_s, self.backoff_s = resync_s, watch_s, backoff_s
-        self.on_change = on_change
         self.clock = clock
         self.store = Store({})
         self.synced = threading.Event()
@@ -279,8 +277,6 @@ class Reflector:
             self.store = Store({key(o): o for o in items}, rv)
         self.relists += 1
         self.synced.set()
-        if self.on_change:
-            self.on_change()
 
     def start(self) -> Reflector:
         self._thread = threading.Thread(target=self._run, name=f"reflector {self.path}", daemon=True)
@@ -319,5 +315,3 @@ class Reflector:
                     self.store.objects[key(obj)] = obj
             if rv:
                 self.store.resource_version = rv
-        if typ != "BOOKMARK" and self.on_change:
-            self.on_change()

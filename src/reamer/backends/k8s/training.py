@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 from reamer.backends.k8s import objects as ko
@@ -67,10 +66,9 @@ class K8sTraining:
     """The :class:`~reamer.control.Backend` of ``reamer k8s controller`` in ``namespace``."""
 
     def __init__(self, kube: Kube, informers: Informers, namespace: str, models: Mapping[str, object], *,
-                 clock: Callable[[], float] = time.time, yield_timeout_s: float = 60.0, fault: Fault = no_fault,
-                 grace_s: int | None = None) -> None:
+                 yield_timeout_s: float = 60.0, fault: Fault = no_fault, grace_s: int | None = None) -> None:
         self.kube, self.informers, self.ns, self.models = kube, informers, namespace, models
-        self.clock, self.yield_timeout_s, self.fault, self.grace_s = clock, yield_timeout_s, fault, grace_s
+        self.yield_timeout_s, self.fault, self.grace_s = yield_timeout_s, fault, grace_s
         self.view: TrainingView | None = None
         self.objs: ClusterObjects | None = None
         self.telemetry: dict[str, JobTelemetry] = {}
@@ -387,7 +385,7 @@ class K8sTraining:
         return True
 
     def _ensure_service(self, tj: dict) -> None:
-        name, uid = ko.meta(tj)["name"], ko.meta(tj).get("uid", "")
+        uid = ko.meta(tj).get("uid", "")
         if uid in self._services:
             return
         try:
@@ -436,7 +434,7 @@ class K8sTraining:
             if tel is not None and thresholds is not None:
                 d = diagnose(j.view(self.samples.get(jid, 0.0), now), tel, thresholds.cpu, thresholds.net,
                              thresholds.side_margin)
-                mine = [type(x).__name__ for x in decisions if _job_of(view, x) == jid]
+                mine = [type(x).__name__ for x in decisions if _job_of(x) == jid]
                 patch["diagnosis"] = {
                     "bottleneck": d.bottleneck, "at": now, "decision": ", ".join(mine) or "none",
                     "evidence": {"speed": round(tel.speed, 3), "workerCpuUtil": round(d.worker_cpu_util, 3),
@@ -490,7 +488,7 @@ def resize_patch(pod: dict, cores: float) -> dict:
     return {"name": main.get("name"), "resources": {"requests": req, "limits": lim}}
 
 
-def _job_of(view: TrainingView, d: Decision) -> str | None:
+def _job_of(d: Decision) -> str | None:
     job = getattr(d, "job", None)
     if job is not None:
         return job
