@@ -5,6 +5,7 @@ with the reason elsewhere."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -171,4 +172,64 @@ def test_a_process_killed_mid_run_restarts_the_job_from_its_checkpoint_and_the_j
     assert [f[1] for f in res.failures] == ["j1"] and role in res.failures[0][2]
     assert 0 <= res.failures[0][3] <= 20  # steps lost: at most one checkpoint interval
     assert "j1" in res.jct_s
+    assert _left() == ([], [], [])
+
+
+@pytest.mark.parametrize("fault,why", [(signal.SIGKILL, "exited"), (signal.SIGSTOP, "stopped answering")],
+                         ids=["kill-9", "sigstop"])
+def test_a_replica_killed_or_stopped_mid_run_leaves_routing_and_is_replaced(fault, why):
+    """kill -9 (or SIGSTOP for 10 s) of the only replica: it leaves routing within a round (a
+    stopped one after two missed health probes), the harvesting policy places a new one, the
+    outage windows count as missed, later windows meet the SLO, the errors reported are the
+    load generator's, and nothing is left behind."""
+    _need_local()
+    sc = {"name": "test-kill-replica", "seed": 1, "max_s": 120, "system_reserve_cores": 0.25,
+          "hosts": [{"name": "trainer", "cores": 2.0, "cpus": [0, 1]}],
+          "jobs": [{"id": "j", "model": "small_cnn", "samples": 64, "batch": 32, "ps": 1, "workers": 1,
+                    "ps_cores": 0.25, "worker_cores": 0.25}],
+          "services": [{"id": "vgg", "model": "vgg_cifar", "slo_p99_ms": 250, "window_s": 5,
+                        "rates": [10, 10, 10, 10, 10, 10, 10, 10]}],
+          "policy": {"training": "static", "harvest": "reamer", "interval_s": 2,
+                     "options": {"reamer": {"core_options": [0.5, 0.75, 1.0], "min_cores": 0.25, "core_step": 0.25,
+                                            "stable_s": 0, "stale_s": 10}}}}
+    killed: list[int] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            if time.monotonic() > start + 15:
+                for pid in _workload_pids():
+                    try:
+                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if b"inference_server" in cmd:
+                        os.kill(pid, fault)
+                        killed.append(pid)
+                        if fault == signal.SIGSTOP:
+                            time.sleep(10)
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGCONT)
+                        return
+            time.sleep(0.2)
+
+    import threading
+
+    start = time.monotonic()
+    threading.Thread(target=killer, daemon=True).start()
+    run = run_scenario(parse_local(sc, "test"), load_profiles(None))
+    assert killed, "the replica was never killed"
+    res = run.result
+    assert [f[2] for f in res.replica_failures] == [why], res.replica_failures
+    windows = run.services["vgg"]
+    placed = [e for e in run.events if e[1] == "PlaceReplica"]
+    assert len(placed) >= 2, placed  # the first replica, and the one that replaced it
+    rep = run.load_reports["vgg"]
+    errors = sum(rep.get("errors", {}).values())
+    assert errors == sum(w["errors"] for w in windows) and errors > 0
+    assert windows[-1]["errors"] == 0 and windows[-1]["p99_ms"] is not None and windows[-1]["p99_ms"] <= 250
+    from reamer.reports.local import summarize
+
+    m = summarize(run, {"vgg": 250.0})
+    assert m["windows_missed:vgg"] >= 1 and m["errors:vgg"] == errors
     assert _left() == ([], [], [])
