@@ -72,8 +72,6 @@ class Informers:
     def put(self, kind: str, obj: Obj) -> None:
         self.reflectors[kind].put(obj)
 
-    def forget(self, kind: str, key: str) -> None:
-        self.reflectors[kind].forget(key)
 
 
 @dataclass

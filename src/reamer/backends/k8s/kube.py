@@ -267,10 +267,6 @@ class Reflector:
             if newer(obj, self.store.objects.get(key(obj))):
                 self.store.objects[key(obj)] = obj
 
-    def forget(self, k: str) -> None:
-        with self._lock:
-            self.store.objects.pop(k, None)
-
     def relist(self) -> None:
         items, rv = self.kube.list(self.path, label_selector=self.selector)
         with self._lock:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.cluster import ClusterObjects
 from reamer.domain import ContainerTelemetry, JobTelemetry, Role
 from reamer.domain.cluster import Container
@@ -124,12 +123,3 @@ def service_window(pod_names: list[str], namespace: str, reports: dict[str, PodR
     rate = sum(r.metric(REQUESTS + ":rate") or 0.0 for r in rs)
     p99s = [p for r in rs if (p := r.metric(LATENCY + ":p99")) is not None]
     return ServiceWindow(max(r.reported_at for r in rs), rate, max(p99s) if p99s else None)
-
-
-def node_slack(objs: ClusterObjects, node: str) -> dict:
-    return (objs.slacks.get(node) or {}).get("status") or {}
-
-
-def pod_key(pod: dict) -> str:
-    m = ko.meta(pod)
-    return f"{m['namespace']}/{m['name']}"
