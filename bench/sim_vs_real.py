@@ -204,7 +204,7 @@ def server_side(replicas: dict[str, dict[str, float]], load_report: dict, entrie
     calibrated: the machine's speed, or training next to it), and the mean latency inside the
     server (queue, batch, run) beside the client's (the rest is the path: HTTP, the load
     generator)."""
-    from reamer.workloads.real.inference_server import served_stats
+    from reamer.workloads.real.serving_metrics import served_stats
 
     if len(replicas) != 1:
         return {}

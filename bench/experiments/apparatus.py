@@ -75,7 +75,7 @@ def main() -> int:
     from reamer.backends.local.procs import Proc
     from reamer.calibration.worker import open_cgroups
     from reamer.reports.results import document, run_entry, write_json
-    from reamer.workloads.real.inference_server import fetch_metrics, served_stats
+    from reamer.workloads.real.serving_metrics import fetch_metrics, served_stats
 
     ex, reason = open_cgroups()
     if ex is None:

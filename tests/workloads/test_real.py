@@ -23,15 +23,8 @@ import pytest
 
 from reamer.workloads.real import loadgen
 from reamer.workloads.real import ps_training as ps
-from reamer.workloads.real.inference_server import (
-    Batcher,
-    Histogram,
-    Metrics,
-    fetch_metrics,
-    parse_prometheus,
-    served_stats,
-    render_histogram,
-)
+from reamer.workloads.real.admission import Batcher, Served, ServiceTimes, Shed
+from reamer.workloads.real.serving_metrics import ServerMetrics, fetch_metrics, parse_metrics, served_stats
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -230,8 +223,11 @@ def test_loadgen_reports_percentiles_and_rate_against_a_local_server():
 
 
 class _Fail(_Echo):
+    deadlines: list[float] = []
+
     def do_POST(self):  # noqa: N802
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.deadlines.append(float(self.headers.get("X-Deadline-Ms", "nan")))
         self.send_response(503)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -244,13 +240,18 @@ def test_a_window_of_failures_reports_them_at_the_timeout():
     windows = []
     try:
         r = loadgen.run_load(f"http://127.0.0.1:{srv.server_address[1]}/infer", rates=[50.0], duration_s=1.0,
-                             seed=4, max_inflight=8, timeout_s=2.0, window_s=0.5, on_window=windows.append)
+                             seed=4, max_inflight=8, timeout_s=2.0, window_s=0.5, on_window=windows.append,
+                             deadline_ms=250.0)
     finally:
         srv.shutdown()
         srv.server_close()
     assert r["ok"] == 0 and r["errors"] == {"503": r["sent"]} and r["achieved_rate"] == 0.0
+    assert r["shed"] == r["sent"]  # a 503 is shed: reported apart, and still an error
     busy = [w for w in windows if w["errors"]]
     assert busy and all(w["p99_ms"] is None and w["p99_with_failures_ms"] == 2000.0 for w in busy)
+    assert all(w["shed"] == w["errors"] for w in windows)
+    # the deadline left since each scheduled arrival
+    assert len(_Fail.deadlines) == r["sent"] and all(0.0 <= d <= 250.0 for d in _Fail.deadlines)
 
 
 def test_the_cli_sends_the_schedule_that_schedule_of_replays(capsys):
@@ -273,43 +274,56 @@ def test_the_cli_sends_the_schedule_that_schedule_of_replays(capsys):
 
 
 # --------------------------------------------------------------------------- metrics / batching
-def test_prometheus_histogram_text():
-    h = Histogram([1, 2, 4])
+def _metrics(**kw) -> ServerMetrics:
+    return ServerMetrics(**{"threads": 2, "max_batch": 16, "max_wait_s": 0.005, "deadline_s": 0.25,
+                            "max_queue_samples": 64, "max_body_bytes": 1000, **kw})
+
+
+def test_server_metrics_render_with_prometheus_client_and_parse_back():
+    m = _metrics()
     for v in (1, 1, 3, 9):
-        h.observe(v)
-    text = "\n".join(render_histogram("x_batch", "help", h))
-    assert "# TYPE x_batch histogram" in text
-    m = parse_prometheus(text)
-    assert m['x_batch_bucket{le="1"}'] == 2 and m['x_batch_bucket{le="2"}'] == 2
-    assert m['x_batch_bucket{le="4"}'] == 3 and m['x_batch_bucket{le="+Inf"}'] == 4
-    assert m["x_batch_count"] == 4 and m["x_batch_sum"] == 14
+        m.batch.observe(v)
+    m.requests.labels(code="503").inc(2)
+    m.shed.labels(reason="deadline").inc(2)
+    text = m.render().decode()
+    assert "# TYPE reamer_infer_batch_size histogram" in text
+    got = parse_metrics(text)
+    assert got['reamer_infer_batch_size_bucket{le="1.0"}'] == 2 and got['reamer_infer_batch_size_bucket{le="2.0"}'] == 2
+    assert got['reamer_infer_batch_size_bucket{le="4.0"}'] == 3 and got['reamer_infer_batch_size_bucket{le="+Inf"}'] == 4
+    assert got["reamer_infer_batch_size_count"] == 4 and got["reamer_infer_batch_size_sum"] == 14
+    assert got['reamer_infer_requests_total{code="200"}'] == 0 and got['reamer_infer_requests_total{code="503"}'] == 2
+    assert got['reamer_infer_shed_total{reason="deadline"}'] == 2 and got['reamer_infer_shed_total{reason="expired"}'] == 0
+    assert got["reamer_infer_threads"] == 2 and got["reamer_infer_deadline_seconds"] == 0.25
+    # one registry per server: a second server's metrics are its own
+    assert parse_metrics(_metrics().render().decode())["reamer_infer_batch_size_count"] == 0
 
 
-class _FakeSession:
-    """Stands in for an ONNX Runtime session: doubles its input, takes 20 ms per call."""
+def _doubler(tmp_path: Path):
+    """A real ONNX Runtime session of a one-node graph: flatten, times two."""
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
 
-    def __init__(self):
-        self.calls = []
-
-    def get_inputs(self):
-        return [type("I", (), {"name": "input"})()]
-
-    def run(self, _, feeds):
-        x = feeds["input"]
-        self.calls.append(len(x))
-        time.sleep(0.02)
-        return [x.reshape(len(x), -1)[:, :2] * 2]
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 2, 2])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 12])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph([helper.make_node("Flatten", ["input"], ["flat"]),
+                               helper.make_node("Mul", ["flat", "two"], ["logits"])], "doubler", [x], [y], [two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "doubler.onnx")
+    return ort.InferenceSession(str(tmp_path / "doubler.onnx"), providers=["CPUExecutionProvider"])
 
 
-def test_batcher_batches_concurrent_requests_and_respects_max_batch():
-    sess, metrics = _FakeSession(), Metrics()
-    b = Batcher(sess, metrics, max_batch=4, max_wait_ms=30)
+def test_batcher_batches_concurrent_requests_and_respects_max_batch(tmp_path):
+    metrics = _metrics()
+    b = Batcher(_doubler(tmp_path), max_batch=4, max_wait_ms=30, max_queue_samples=64, metrics=metrics)
     b.start()
     results = {}
 
     def one(i):
         x = np.full((1, 3, 2, 2), float(i), dtype=np.float32)
-        results[i] = b.submit(x, timeout_s=5)
+        results[i] = b.admit(x, time.monotonic() + 10.0).result(timeout=5)
 
     try:
         ts = [threading.Thread(target=one, args=(i,)) for i in range(10)]
@@ -320,10 +334,50 @@ def test_batcher_batches_concurrent_requests_and_respects_max_batch():
     finally:
         b.stop()
     assert sorted(results) == list(range(10))
-    for i, p in results.items():
-        assert p.error is None and p.out.tolist() == [[2.0 * i, 2.0 * i]]
-    assert sum(sess.calls) == 10 and max(sess.calls) <= 4 and max(sess.calls) > 1
-    assert metrics.batch.count == len(sess.calls) and metrics.queue_depth == 0
+    for i, got in results.items():
+        assert isinstance(got, Served) and got.out.tolist() == [[2.0 * i] * 12]
+    batches = [got.batch for got in results.values()]
+    assert max(batches) <= 4 and max(batches) > 1
+    got = parse_metrics(metrics.render().decode())
+    assert got["reamer_infer_samples_total"] == 10 and got["reamer_infer_batch_size_sum"] == 10
+    assert got["reamer_infer_queue_depth"] == 0 and got["reamer_infer_queue_samples"] == 0
+    assert b.times.estimate(1) > 0  # measured
+
+
+def test_batcher_sheds_what_would_miss_its_deadline_and_drops_what_expired_in_the_queue(tmp_path):
+    b = Batcher(_doubler(tmp_path), max_batch=4, max_wait_ms=0, max_queue_samples=8)
+    b.warm_up((3, 2, 2))
+    x = np.ones((2, 3, 2, 2), dtype=np.float32)
+    now = time.monotonic()
+    shed = b.admit(x, now)  # no time at all: never queued
+    assert isinstance(shed, Shed) and shed.reason == "deadline" and shed.retry_after_s > 0
+    # the batcher is not running yet: what is admitted waits in the queue
+    soon = b.admit(x, time.monotonic() + 0.05)
+    later = [b.admit(x, time.monotonic() + 30.0) for _ in range(3)]
+    assert not isinstance(soon, Shed) and not any(isinstance(f, Shed) for f in later)
+    full = b.admit(x, time.monotonic() + 30.0)
+    assert isinstance(full, Shed) and full.reason == "queue_full"  # 8 samples queued at most
+    assert b.expected_wait_s(1) >= 2 * b.times.estimate(4)  # two full batches ahead
+    time.sleep(0.1)  # soon's deadline passes while it waits
+    b.start()
+    try:
+        assert soon.result(timeout=5) == Shed("expired", 0.0, 1.0)  # dropped, not computed
+        assert all(isinstance(f.result(timeout=5), Served) for f in later)
+    finally:
+        b.stop()
+    assert isinstance(b.admit(x, time.monotonic() + 30.0), Shed)  # stopping
+
+
+def test_service_times_interpolate_between_measured_batch_sizes():
+    t = ServiceTimes(8, alpha=0.5)
+    assert t.estimate(3) == 0.0  # nothing measured
+    t.observe(1, 0.010)
+    assert t.estimate(4) == pytest.approx(0.040)  # beyond the largest measured: proportional
+    t.observe(8, 0.050)
+    assert t.estimate(8) == 0.050 and t.estimate(0) == 0.0
+    assert t.estimate(4) == pytest.approx(0.010 + 0.040 * 3 / 7)
+    t.observe(8, 0.070)
+    assert t.estimate(8) == pytest.approx(0.060)  # an EWMA
 
 
 def test_exported_onnx_matches_pytorch(tmp_path):
@@ -490,15 +544,15 @@ def test_inference_server_batches_under_load_and_loadgen_reports_p99(procs):
     text = r.read().decode()
     conn.close()
     assert r.status == 200 and "# TYPE reamer_infer_batch_size histogram" in text
-    m = parse_prometheus(text)
+    m = parse_metrics(text)
     assert m['reamer_infer_requests_total{code="200"}'] == report["ok"] + 2
     assert m['reamer_infer_requests_total{code="400"}'] == 1
     assert m["reamer_infer_request_latency_seconds_count"] == report["ok"] + 2
     n_batches = m["reamer_infer_batch_size_count"]
     assert m["reamer_infer_batch_size_sum"] == report["ok"] + 3  # samples
     assert m["reamer_infer_batch_size_sum"] / n_batches > 1.0  # dynamic batching happened
-    assert m['reamer_infer_batch_size_bucket{le="1"}'] < n_batches  # some batch had > 1 sample
-    assert m['reamer_infer_batch_size_bucket{le="8"}'] == n_batches  # never above --max-batch
+    assert m['reamer_infer_batch_size_bucket{le="1.0"}'] < n_batches  # some batch had > 1 sample
+    assert m['reamer_infer_batch_size_bucket{le="8.0"}'] == n_batches  # never above --max-batch
     st = served_stats(fetch_metrics(port))  # the same counters, as the benches read them
     assert st["batches"] == n_batches and st["batch_mean"] == m["reamer_infer_batch_size_sum"] / n_batches
     assert 0 < st["run_ms_per_batch"] <= st["latency_ms"] * st["batch_mean"]

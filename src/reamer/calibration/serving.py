@@ -64,7 +64,7 @@ def load_args(rate: float, load_s: float) -> list[str]:
 def measure(ex: CgroupExecutor, name: str, entry: dict, nproc: int, n: int, tmp: Path,
             tick: Callable[[], None], max_batch: int = 8, load_s: float = 20.0) -> dict:  # fmt: skip
     from reamer.workloads.real import loadgen
-    from reamer.workloads.real.inference_server import fetch_metrics, served_stats
+    from reamer.workloads.real.serving_metrics import fetch_metrics, served_stats
 
     cg = f"serve-{name}"
     ex.create(cg)

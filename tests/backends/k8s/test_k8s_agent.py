@@ -33,7 +33,7 @@ from reamer.backends.k8s.agent import (
     scrape,
     summarize,
 )
-from reamer.workloads.real.inference_server import Metrics
+from reamer.workloads.real.serving_metrics import ServerMetrics
 
 UID = "3f2a9c1e-7b4d-4e8a-9f10-0123456789ab"
 OTHER = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -201,16 +201,17 @@ def test_summarize_counter_histogram_gauge_from_real_scrapes(endpoint):
 def test_summarize_inference_server_format(endpoint):
     """The repo's own inference server text: labelled counters sum; its histograms give a p99."""
     srv, url = endpoint
-    m = Metrics()
+    m = ServerMetrics(threads=2, max_batch=16, max_wait_s=0.005, deadline_s=0.25, max_queue_samples=1024,
+                      max_body_bytes=1 << 20)
     for code in (200, 200, 500):
-        m.count(code)
-    srv.body = m.render(threads=2, max_batch=16, max_wait_ms=5)
+        m.requests.labels(code=str(code)).inc()
+    srv.body = m.render().decode()
     before = scrape(url)
     for code in (200,) * 8 + (503, 503):
-        m.count(code)
+        m.requests.labels(code=str(code)).inc()
     for _ in range(10):
         m.latency.observe(0.02)  # (0.01, 0.025]
-    srv.body = m.render(threads=2, max_batch=16, max_wait_ms=5)
+    srv.body = m.render().decode()
     out = summarize(scrape(url), before, 5.0)
     assert out["reamer_infer_requests_total"] == 13
     assert out["reamer_infer_requests_total:rate"] == pytest.approx(2.0)

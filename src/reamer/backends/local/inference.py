@@ -320,7 +320,7 @@ class LocalInference:
         """Each serving replica's own counters (its ``/metrics``: requests, samples, ONNX
         Runtime time per batch, latency inside the server), by replica; a replica that does
         not answer is left out."""
-        from reamer.workloads.real.inference_server import fetch_metrics
+        from reamer.workloads.real.serving_metrics import fetch_metrics
 
         out = {}
         for s in self.services.values():

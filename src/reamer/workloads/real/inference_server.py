@@ -1,25 +1,34 @@
-"""ONNX Runtime HTTP inference server with dynamic batching and Prometheus metrics.
+"""ONNX Runtime HTTP inference server: dynamic batching, admission control, Prometheus metrics.
 
     python -m reamer.workloads.real.inference_server --host 127.0.0.1 --port 0 \\
-        --model small_cnn --max-batch 16 --max-wait-ms 5
+        --model small_cnn --max-batch 16 --max-wait-ms 5 --deadline-ms 250
 
 At start the model (a PyTorch definition from :mod:`reamer.workloads.real.nets`) is
 exported to ONNX in a temporary directory (dynamic batch axis) and loaded into an
 ONNX Runtime session whose intra-op threads are sized to the container
-(:func:`reamer.backends.local.launcher.ort_session_options`).
+(:func:`reamer.backends.local.launcher.ort_session_options`), then warmed up.
 
-Endpoints (stdlib ``ThreadingHTTPServer``, one thread per connection):
+HTTP: uvicorn (h11) running a Starlette app on one asyncio event loop; the session runs on
+the batcher thread (:mod:`reamer.workloads.real.admission`: bounded queue, deadlines,
+shedding). Endpoints:
 
 - ``POST /infer``: body ``application/octet-stream`` = ``n`` samples of raw little-endian
-  float32, ``n * 3*32*32`` values; or ``application/json`` ``{"inputs": [[...3072 floats], ...]}``.
+  float32, ``n * 3*32*32`` values (also when no Content-Type is given); or
+  ``application/json`` ``{"inputs": [[...3072 numbers], ...]}``; ``1 <= n <= max_batch``.
+  Header ``X-Deadline-Ms``: the time the client still waits (default ``--deadline-ms``).
   Answers JSON ``{"outputs": [[10 logits], ...], "argmax": [...], "batch": B}`` where B is
   the size of the batch the request ran in.
-- ``GET /metrics``: Prometheus text format (requests, latency and batch-size histograms).
+- ``GET /metrics``: Prometheus text format (:mod:`reamer.workloads.real.serving_metrics`).
 - ``GET /healthz``: ``ok``.
 
-Requests queue for a single batcher thread: it takes the first waiting request, then
-keeps collecting until ``max_batch`` samples or ``max_wait_ms`` after the first arrived,
-runs one ``session.run`` and hands every request its slice.
+Every error is JSON ``{"error": "..."}``: 400 malformed (bad JSON or nesting, wrong sample
+length, too many samples, non-finite values, empty body, bad ``X-Deadline-Ms``), 404, 405,
+408 (body not received within ``--body-timeout-s``), 413 (body over the limit: Content-Length
+checked before reading, bytes counted while reading, chunked too), 415 (content type), 503
+with ``Retry-After`` (shed: queue full, expected completion past the deadline, deadline
+passed in the queue), 500 (the session failed). Over ``--max-connections`` open
+connections uvicorn itself answers 503 (plain text). docs/inference_server.md has the limits
+and their defaults.
 
 On start it prints one JSON line ``{"event": "listening", "port": ...}`` on stdout.
 """
@@ -27,137 +36,52 @@ On start it prints one JSON line ``{"event": "listening", "port": ...}`` on stdo
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import math
 import os
-import queue
+import resource
 import signal
+import socket
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from reamer.workloads.real.admission import Batcher, Failed, Served, Shed
+from reamer.workloads.real.http_limits import ClientDisconnect, RequestError, protocol_class, read_body
+from reamer.workloads.real.serving_metrics import CONTENT_TYPE, ServerMetrics
 
 F32 = np.dtype("<f4")
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-MAX_BODY = 64 * 1024 * 1024
-
-
-# --------------------------------------------------------------------------- metrics
-class Histogram:
-    """A Prometheus-style cumulative histogram (thread-safe)."""
-
-    def __init__(self, buckets: Sequence[float]):
-        self.buckets = tuple(sorted(buckets))
-        self.counts = [0] * len(self.buckets)
-        self.count = 0
-        self.sum = 0.0
-        self.lock = threading.Lock()
-
-    def observe(self, v: float) -> None:
-        with self.lock:
-            self.count += 1
-            self.sum += v
-            for i, b in enumerate(self.buckets):
-                if v <= b:
-                    self.counts[i] += 1
-
-    def snapshot(self) -> tuple[list[tuple[float, int]], int, float]:
-        with self.lock:
-            return list(zip(self.buckets, self.counts, strict=True)), self.count, self.sum
-
-
-def _fmt(v: float) -> str:
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 1e15):
-        return str(int(v))
-    return repr(float(v))
-
-
-def render_histogram(name: str, help_text: str, hist: Histogram) -> list[str]:
-    buckets, count, total = hist.snapshot()
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-    lines += [f'{name}_bucket{{le="{_fmt(b)}"}} {c}' for b, c in buckets]
-    lines += [f'{name}_bucket{{le="+Inf"}} {count}', f"{name}_sum {_fmt(total)}", f"{name}_count {count}"]
-    return lines
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """``{"name{labels}": value}`` for every sample line (enough for tests and probes)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        out[key] = float(value)
-    return out
-
-
-def fetch_metrics(port: int, host: str = "127.0.0.1", timeout_s: float = 10.0) -> dict[str, float]:
-    """A running server's ``/metrics``, parsed (:func:`parse_prometheus`)."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as r:
-        return parse_prometheus(r.read().decode())
-
-
-def served_stats(after: dict[str, float], before: dict[str, float] | None = None) -> dict[str, float]:
-    """What the server measured itself between two :func:`fetch_metrics` (or since its start):
-    ONNX Runtime ms per batch and per sample, mean batch, mean latency inside the server (ms)."""
-    d = {k: after.get(f"reamer_infer_{k}", 0.0) - (before or {}).get(f"reamer_infer_{k}", 0.0)
-         for k in ("run_seconds_sum", "run_seconds_count", "samples_total", "request_latency_seconds_sum",
-                   "request_latency_seconds_count")}
-    batches = max(1.0, d["run_seconds_count"])
-    return {"run_ms_per_batch": 1e3 * d["run_seconds_sum"] / batches,
-            "run_ms_per_sample": 1e3 * d["run_seconds_sum"] / max(1.0, d["samples_total"]),
-            "batch_mean": d["samples_total"] / batches, "batches": d["run_seconds_count"],
-            "latency_ms": 1e3 * d["request_latency_seconds_sum"] / max(1.0, d["request_latency_seconds_count"])}
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.requests: dict[str, int] = {}
-        self.latency = Histogram(LATENCY_BUCKETS)
-        self.batch = Histogram(BATCH_BUCKETS)
-        self.infer_s = Histogram(LATENCY_BUCKETS)
-        self.samples = 0
-        self.queue_depth = 0
-
-    def count(self, code: int) -> None:
-        with self.lock:
-            self.requests[str(code)] = self.requests.get(str(code), 0) + 1
-
-    def render(self, threads: int, max_batch: int, max_wait_ms: float) -> str:
-        with self.lock:
-            reqs = dict(self.requests)
-            samples, depth = self.samples, self.queue_depth
-        lines = ["# HELP reamer_infer_requests_total Inference requests by HTTP status code.",
-                 "# TYPE reamer_infer_requests_total counter"]
-        lines += [f'reamer_infer_requests_total{{code="{c}"}} {n}' for c, n in sorted(reqs.items())] or [
-            'reamer_infer_requests_total{code="200"} 0'
-        ]
-        lines += ["# HELP reamer_infer_samples_total Samples inferred.", "# TYPE reamer_infer_samples_total counter",
-                  f"reamer_infer_samples_total {samples}"]
-        lines += render_histogram("reamer_infer_request_latency_seconds",
-                                  "Time from request body read to response ready (queue + batch + run).", self.latency)
-        lines += render_histogram("reamer_infer_batch_size", "Samples per executed batch.", self.batch)
-        lines += render_histogram("reamer_infer_run_seconds", "ONNX Runtime session.run time per batch.", self.infer_s)
-        lines += ["# HELP reamer_infer_queue_depth Requests waiting for the batcher.",
-                  "# TYPE reamer_infer_queue_depth gauge", f"reamer_infer_queue_depth {depth}",
-                  "# HELP reamer_infer_threads ONNX Runtime intra-op threads.", "# TYPE reamer_infer_threads gauge",
-                  f"reamer_infer_threads {threads}",
-                  "# HELP reamer_infer_max_batch Dynamic batching: most samples per batch.",
-                  "# TYPE reamer_infer_max_batch gauge", f"reamer_infer_max_batch {max_batch}",
-                  "# HELP reamer_infer_max_wait_seconds Dynamic batching: longest wait for a batch to fill.",
-                  "# TYPE reamer_infer_max_wait_seconds gauge", f"reamer_infer_max_wait_seconds {_fmt(max_wait_ms / 1e3)}"]
-        return "\n".join(lines) + "\n"
+# The longest JSON text of a float is 24 characters (repr of -2.2250738585072014e-308) and a
+# separator ", " two more: 32 per value is generous; the limit is checked before parsing.
+JSON_BYTES_PER_VALUE = 32
+JSON_SLACK_BYTES = 1024  # the {"inputs": ...} wrapper and whitespace
+# Defaults (docs/inference_server.md): a client of the load generator gives up after its
+# per-request timeout, 10 s (loadgen --timeout): a request, or a request head or body, older
+# than that has no one waiting for it.
+DEFAULT_DEADLINE_MS = 10_000.0
+DEFAULT_HEAD_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 10.0
+DEFAULT_KEEP_ALIVE_S = 5.0  # uvicorn's default
+DEFAULT_BACKLOG = 2048  # uvicorn's default (capped by net.core.somaxconn, 4096 on Linux >= 5.4)
+DEFAULT_MAX_CONNECTIONS = 4096
+DEFAULT_QUEUE_BATCHES = 64  # queue bound, in batches of max_batch (a memory bound: the deadline sheds first)
+FD_RESERVE = 64  # descriptors besides connections: the listener, the model, the session's, logs
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- model
@@ -182,188 +106,198 @@ def _export(torch: Any, model: Any, dummy: Any, path: Path, opset: int) -> None:
     )
 
 
-class _Pending:
-    __slots__ = ("x", "done", "out", "batch", "error")
+# --------------------------------------------------------------------------- limits and inputs
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What one server accepts (docs/inference_server.md)."""
 
-    def __init__(self, x: np.ndarray):
-        self.x = x
-        self.done = threading.Event()
-        self.out: np.ndarray | None = None
-        self.batch = 0
-        self.error: str | None = None
+    max_body_bytes: int  # JSON bodies; octet-stream ones are also capped at max_batch samples exactly
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    backlog: int = DEFAULT_BACKLOG
+    deadline_s: float = DEFAULT_DEADLINE_MS / 1e3
+    max_queue_samples: int = 0  # 0: DEFAULT_QUEUE_BATCHES * max_batch
 
-
-class Batcher:
-    """Dynamic batching in front of one ONNX Runtime session."""
-
-    def __init__(self, session: Any, metrics: Metrics, max_batch: int, max_wait_ms: float):
-        if max_batch < 1:
-            raise ValueError(f"max_batch: expected >= 1, got {max_batch!r}")
-        self.session = session
-        self.input_name = session.get_inputs()[0].name
-        self.metrics = metrics
-        self.max_batch = max_batch
-        self.max_wait_s = max_wait_ms / 1e3
-        self.q: queue.Queue[_Pending | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
-        self.stopping = False
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopping = True
-        self.q.put(None)
-        self.thread.join(timeout=5.0)
-
-    def submit(self, x: np.ndarray, timeout_s: float = 30.0) -> _Pending:
-        p = _Pending(x)
-        with self.metrics.lock:
-            self.metrics.queue_depth += 1
-        self.q.put(p)
-        if not p.done.wait(timeout_s):
-            p.error = "timed out waiting for the batcher"
-        return p
-
-    def _loop(self) -> None:
-        carry: _Pending | None = None
-        while True:
-            first = carry if carry is not None else self.q.get()
-            carry = None
-            if first is None:
-                return
-            items = [first]
-            n = len(first.x)
-            deadline = time.monotonic() + self.max_wait_s
-            while n < self.max_batch:
-                left = deadline - time.monotonic()
-                try:
-                    nxt = self.q.get(timeout=left) if left > 0 else self.q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    carry = None
-                    self.q.put(None)  # stop after this batch
-                    break
-                if n + len(nxt.x) > self.max_batch:
-                    carry = nxt  # starts the next batch
-                    break
-                items.append(nxt)
-                n += len(nxt.x)
-            with self.metrics.lock:
-                self.metrics.queue_depth -= len(items)
-            self._run(items, n)
-
-    def _run(self, items: list[_Pending], n: int) -> None:
-        try:
-            x = items[0].x if len(items) == 1 else np.concatenate([p.x for p in items])
-            t0 = time.perf_counter()
-            (out,) = self.session.run(None, {self.input_name: x})
-            self.metrics.infer_s.observe(time.perf_counter() - t0)
-            self.metrics.batch.observe(n)
-            with self.metrics.lock:
-                self.metrics.samples += n
-            i = 0
-            for p in items:
-                k = len(p.x)
-                p.out, p.batch = out[i : i + k], n
-                i += k
-        except Exception as e:  # noqa: BLE001 - reported to every waiting request
-            for p in items:
-                p.error = f"{type(e).__name__}: {e}"
-        for p in items:
-            p.done.set()
+    @staticmethod
+    def default_max_body(max_batch: int, sample_len: int) -> int:
+        """A JSON body of ``max_batch`` samples at a generous ``JSON_BYTES_PER_VALUE`` per value."""
+        return max_batch * sample_len * JSON_BYTES_PER_VALUE + JSON_SLACK_BYTES
 
 
-# --------------------------------------------------------------------------- HTTP
-class InferenceServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256
-    allow_reuse_address = True
+def decode_inputs(body: bytes, ctype: str, sample_len: int, max_batch: int) -> np.ndarray:
+    """``(n, sample_len)`` float32 from a request body; :class:`RequestError` (400) says what is wrong."""
+    if not body:
+        raise RequestError(400, "empty body: expected 1 or more samples")
+    if ctype == "application/json":
+        x = _decode_json(body, sample_len, max_batch)
+    else:
+        width = sample_len * F32.itemsize
+        if len(body) % width:
+            raise RequestError(400, f"body of {len(body)} bytes is not a whole number of {sample_len}-float32 samples")
+        x = np.frombuffer(body, dtype=F32).reshape(-1, sample_len)
+        if len(x) > max_batch:
+            raise RequestError(400, f"at most {max_batch} samples per request, got {len(x)}")
+    if not np.isfinite(x).all():
+        raise RequestError(400, "inputs must be finite")
+    return x
 
-    def __init__(self, addr: tuple[str, int], batcher: Batcher, metrics: Metrics, threads: int, sample_shape: tuple[int, ...]):
-        super().__init__(addr, Handler)
-        self.batcher = batcher
-        self.metrics = metrics
-        self.threads = threads
+
+def _decode_json(body: bytes, sample_len: int, max_batch: int) -> np.ndarray:
+    shape = '{"inputs": [[numbers], ...]}'
+    try:
+        obj = json.loads(body)
+    except RecursionError:
+        raise RequestError(400, f"JSON nested too deeply: expected {shape}") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise RequestError(400, f"bad JSON: {e}") from None
+    rows = obj.get("inputs") if isinstance(obj, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise RequestError(400, f"expected {shape} with at least one sample")
+    if len(rows) > max_batch:
+        raise RequestError(400, f"at most {max_batch} samples per request, got {len(rows)}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != sample_len:
+            got = f"a list of {len(row)}" if isinstance(row, list) else type(row).__name__
+            raise RequestError(400, f"inputs[{i}]: expected a list of {sample_len} numbers, got {got}")
+        if not all(type(v) is float or type(v) is int for v in row):
+            raise RequestError(400, f"inputs[{i}]: expected numbers only")
+    try:
+        return np.array(rows, dtype=np.float32)
+    except OverflowError:
+        raise RequestError(400, "inputs must be finite") from None
+
+
+def _deadline_s(header: str | None, default_s: float) -> float:
+    if header is None:
+        return default_s
+    try:
+        ms = float(header)
+    except ValueError:
+        ms = math.nan
+    if not math.isfinite(ms) or ms < 0:
+        raise RequestError(400, f"X-Deadline-Ms: expected a number of milliseconds >= 0, got {header[:40]!r}")
+    return ms / 1e3
+
+
+# --------------------------------------------------------------------------- HTTP app
+class InferenceApp:
+    """The Starlette app around one batcher (``app`` is what uvicorn serves)."""
+
+    def __init__(self, batcher: Batcher, metrics: ServerMetrics, limits: ServerLimits, sample_shape: tuple[int, ...]):
+        self.batcher, self.metrics, self.limits = batcher, metrics, limits
         self.sample_shape = sample_shape
         self.sample_len = math.prod(sample_shape)
+        self.octet_limit = min(limits.max_body_bytes, batcher.max_batch * self.sample_len * F32.itemsize)
+        self.app = Starlette(
+            routes=[Route("/infer", self.infer, methods=["POST"]), Route("/metrics", self.metrics_page, methods=["GET"]),
+                    Route("/healthz", self.healthz, methods=["GET"])],
+            exception_handlers={HTTPException: self.http_error, Exception: self.server_error},
+        )
 
+    def _json(self, request: Request, status: int, obj: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+        if request.url.path == "/infer":
+            self.metrics.requests.labels(code=str(status)).inc()
+        return Response(json.dumps(obj), status, headers=headers, media_type="application/json")
 
-class Handler(BaseHTTPRequestHandler):
-    server: InferenceServer
-    protocol_version = "HTTP/1.1"
+    def _error(self, request: Request, e: RequestError) -> Response:
+        headers = dict(e.headers)
+        if e.close:
+            headers["Connection"] = "close"
+        return self._json(request, e.status, {"error": e.message}, headers)
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is too much
-        pass
+    async def http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        what = {404: f"no such path: {request.url.path}",
+                405: f"method {request.method} not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
+        return self._json(request, exc.status_code, {"error": what}, dict(exc.headers or {}))
 
-    def _reply(self, code: int, body: bytes, ctype: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    async def server_error(self, request: Request, exc: Exception) -> Response:
+        log.error("unhandled %s on %s: %s", type(exc).__name__, request.url.path, exc)
+        return self._json(request, 500, {"error": f"internal error: {type(exc).__name__}"})
 
-    def _json(self, code: int, obj: dict[str, Any]) -> None:
-        if self.path.split("?")[0] == "/infer":
-            self.server.metrics.count(code)
-        self._reply(code, json.dumps(obj).encode(), "application/json")
+    async def healthz(self, request: Request) -> Response:
+        return Response(b"ok\n", media_type="text/plain")
 
-    def do_GET(self) -> None:
-        path = self.path.split("?")[0]
-        if path == "/metrics":
-            b = self.server.batcher
-            text = self.server.metrics.render(self.server.threads, b.max_batch, b.max_wait_s * 1e3)
-            self._reply(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
-        elif path == "/healthz":
-            self._reply(200, b"ok\n", "text/plain")
-        else:
-            self._reply(404, b"not found\n", "text/plain")
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-    def _read_input(self) -> np.ndarray:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length <= 0 or length > MAX_BODY:
-            raise ValueError(f"Content-Length: expected 1..{MAX_BODY}, got {length}")
-        body = self.rfile.read(length)
-        ctype = (self.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
-        per = self.server.sample_len
-        if ctype == "application/json":
-            obj = json.loads(body)
-            rows = obj.get("inputs") if isinstance(obj, dict) else None
-            if not isinstance(rows, list) or not rows:
-                raise ValueError('expected {"inputs": [[floats], ...]}')
-            x = np.asarray(rows, dtype=F32).reshape(len(rows), -1)
-        else:
-            if len(body) % (per * F32.itemsize):
-                raise ValueError(f"body of {len(body)} bytes is not a whole number of {per}-float32 samples")
-            x = np.frombuffer(body, dtype=F32).reshape(-1, per)
-        if x.shape[1] != per:
-            raise ValueError(f"each sample must have {per} values, got {x.shape[1]}")
-        if len(x) > self.server.batcher.max_batch:
-            raise ValueError(f"at most {self.server.batcher.max_batch} samples per request, got {len(x)}")
-        if not np.isfinite(x).all():
-            raise ValueError("inputs must be finite")
-        return np.ascontiguousarray(x.reshape(len(x), *self.server.sample_shape).astype(np.float32, copy=False))
-
-    def do_POST(self) -> None:
-        if self.path.split("?")[0] != "/infer":
-            self._reply(404, b"not found\n", "text/plain")
-            return
+    async def infer(self, request: Request) -> Response:
+        arrived = self.batcher.clock()
         try:
-            x = self._read_input()
-        except (ValueError, json.JSONDecodeError) as e:
-            self._json(400, {"error": str(e)})
-            return
+            budget = _deadline_s(request.headers.get("x-deadline-ms"), self.limits.deadline_s)
+            ctype = request.headers.get("content-type", "application/octet-stream").split(";")[0].strip().lower()
+            if ctype not in ("application/octet-stream", "application/json"):
+                raise RequestError(415, f"Content-Type: expected application/octet-stream or application/json, "
+                                        f"got {ctype[:60]!r}", close=True)
+            limit = self.octet_limit if ctype == "application/octet-stream" else self.limits.max_body_bytes
+            body = await read_body(request, limit, self.limits.body_timeout_s)
+            x = decode_inputs(body, ctype, self.sample_len, self.batcher.max_batch)
+        except RequestError as e:
+            return self._error(request, e)
+        except ClientDisconnect:
+            return Response(status_code=499)  # nobody reads it
         t0 = time.perf_counter()
-        p = self.server.batcher.submit(x)
-        if p.error is not None or p.out is None:
-            self._json(500, {"error": p.error or "no output"})
-            return
-        self.server.metrics.latency.observe(time.perf_counter() - t0)
-        self._json(200, {"outputs": p.out.tolist(), "argmax": p.out.argmax(axis=1).tolist(), "batch": p.batch})
+        got = self.batcher.admit(x.reshape(len(x), *self.sample_shape), arrived + budget)
+        if not isinstance(got, Shed):
+            got = await asyncio.wrap_future(got)
+        if isinstance(got, Shed):
+            self.metrics.shed.labels(reason=got.reason).inc()
+            retry = max(1, math.ceil(got.retry_after_s))
+            return self._json(request, 503, {"error": f"overloaded: shed ({got.reason})", "reason": got.reason,
+                                             "expected_wait_ms": round(got.expected_wait_s * 1e3, 3),
+                                             "deadline_ms": round(budget * 1e3, 3), "retry_after_s": retry},
+                              {"Retry-After": str(retry)})
+        if isinstance(got, Failed):
+            return self._json(request, 500, {"error": got.error})
+        assert isinstance(got, Served)
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        return self._json(request, 200, {"outputs": got.out.tolist(), "argmax": got.out.argmax(axis=1).tolist(),
+                                         "batch": got.batch})
 
 
 # --------------------------------------------------------------------------- start-up
+class InferenceServer:
+    """A bound, warmed-up server: :meth:`run` serves until SIGTERM / SIGINT."""
+
+    def __init__(self, sock: socket.socket, app: InferenceApp, threads: int):
+        self.sock, self.app, self.threads = sock, app, threads
+        lim = app.limits
+        config = uvicorn.Config(
+            app.app, http=protocol_class(lim.head_timeout_s), loop="asyncio", lifespan="off", access_log=False,
+            log_config=None, timeout_keep_alive=lim.keep_alive_s, limit_concurrency=lim.max_connections,
+            backlog=lim.backlog, timeout_graceful_shutdown=5,
+        )
+        self.uvicorn = uvicorn.Server(config)
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def run(self) -> None:
+        try:
+            self.uvicorn.run(sockets=[self.sock])
+        finally:
+            self.app.batcher.stop()
+            self.sock.close()
+
+
+def _fd_room(max_connections: int) -> int:
+    """Raise the descriptor limit to fit ``max_connections`` (up to the hard limit); the
+    connections that fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    if soft != resource.RLIM_INFINITY and soft < need:
+        log.warning("max connections lowered to %d: descriptor limit %d", soft - FD_RESERVE, soft)
+        return max(1, soft - FD_RESERVE)
+    return max_connections
+
+
 def build_server(
     model: str = "small_cnn",
     host: str = "127.0.0.1",
@@ -374,13 +308,19 @@ def build_server(
     threads: float | None = None,
     seed: int = 0,
     workdir: Path | None = None,
+    limits: ServerLimits | None = None,
 ) -> InferenceServer:
-    """Export, load and bind (not yet serving: call ``serve_forever``)."""
+    """Export, load, warm up and bind (not yet serving: call ``run``)."""
     import onnxruntime as ort
 
     from reamer.backends.local import launcher
     from reamer.workloads.real.nets import INPUT_SHAPE
 
+    sample_len = math.prod(INPUT_SHAPE)
+    lim = limits or ServerLimits(max_body_bytes=ServerLimits.default_max_body(max_batch, sample_len))
+    if not lim.max_queue_samples:
+        lim = ServerLimits(**{**asdict(lim), "max_queue_samples": DEFAULT_QUEUE_BATCHES * max_batch})
+    lim = ServerLimits(**{**asdict(lim), "max_connections": _fd_room(lim.max_connections)})
     cores = float(threads) if threads else launcher.own_effective_cpus()
     for k, v in launcher.thread_env(cores).items():  # before torch loads (export only)
         os.environ.setdefault(k, v)
@@ -388,15 +328,23 @@ def build_server(
     with tempfile.TemporaryDirectory(prefix="reamer-onnx-", dir=workdir) as tmp:
         path = export_onnx(model, Path(tmp) / f"{model}.onnx", seed)
         session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    metrics = Metrics()
-    batcher = Batcher(session, metrics, max_batch, max_wait_ms)
-    server = InferenceServer((host, port), batcher, metrics, opts.intra_op_num_threads, INPUT_SHAPE)
+    metrics = ServerMetrics(threads=opts.intra_op_num_threads, max_batch=max_batch, max_wait_s=max_wait_ms / 1e3,
+                            deadline_s=lim.deadline_s, max_queue_samples=lim.max_queue_samples,
+                            max_body_bytes=lim.max_body_bytes)
+    batcher = Batcher(session, max_batch, max_wait_ms, lim.max_queue_samples, metrics)
+    batcher.warm_up(INPUT_SHAPE)
+    metrics.watch(batcher.expected_wait_s, lambda: batcher.times.estimate(max_batch))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(lim.backlog)  # clients that connect before the loop runs wait in the backlog
     batcher.start()
-    return server
+    return InferenceServer(sock, InferenceApp(batcher, metrics, lim, INPUT_SHAPE), opts.intra_op_num_threads)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from reamer.workloads.real.nets import MODELS
+    from reamer.logs import configure
+    from reamer.workloads.real.nets import INPUT_SHAPE, MODELS
 
     ap = argparse.ArgumentParser(prog="python -m reamer.workloads.real.inference_server",
                                  description=__doc__.split("\n\n")[0])
@@ -407,24 +355,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--threads", type=float, default=None, help="override the container-derived core count")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deadline-ms", type=float, default=DEFAULT_DEADLINE_MS,
+                    help="deadline of a request without X-Deadline-Ms (admission sheds what would miss it)")
+    ap.add_argument("--max-queue-samples", type=int, default=0,
+                    help=f"most samples queued (default {DEFAULT_QUEUE_BATCHES} x --max-batch)")
+    ap.add_argument("--max-body-bytes", type=int, default=0,
+                    help=f"largest JSON body (default --max-batch samples at {JSON_BYTES_PER_VALUE} bytes a value)")
+    ap.add_argument("--body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S, help="whole body within (408)")
+    ap.add_argument("--head-timeout-s", type=float, default=DEFAULT_HEAD_TIMEOUT_S,
+                    help="request head within, from connect or the previous response (else closed)")
+    ap.add_argument("--keep-alive-s", type=float, default=DEFAULT_KEEP_ALIVE_S)
+    ap.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                    help="open connections before new requests get 503 (uvicorn limit_concurrency)")
+    ap.add_argument("--backlog", type=int, default=DEFAULT_BACKLOG)
+    ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     a = ap.parse_args(argv)
-
+    configure(a.log_level)
+    logging.getLogger("uvicorn").handlers[:] = logging.getLogger("reamer").handlers
+    logging.getLogger("uvicorn").propagate = False
+    for name in ("max_batch", "max_connections", "backlog"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(a, name)}")
+    for name in ("body_timeout_s", "head_timeout_s", "keep_alive_s"):
+        if not getattr(a, name) > 0:
+            ap.error(f"--{name.replace('_', '-')}: expected > 0, got {getattr(a, name)}")
+    if not (math.isfinite(a.deadline_ms) and a.deadline_ms > 0):
+        ap.error(f"--deadline-ms: expected > 0, got {a.deadline_ms}")
+    if a.max_queue_samples and a.max_queue_samples < a.max_batch:
+        ap.error(f"--max-queue-samples: expected >= --max-batch ({a.max_batch}), got {a.max_queue_samples}")
+    limits = ServerLimits(
+        max_body_bytes=a.max_body_bytes or ServerLimits.default_max_body(a.max_batch, math.prod(INPUT_SHAPE)),
+        body_timeout_s=a.body_timeout_s, head_timeout_s=a.head_timeout_s, keep_alive_s=a.keep_alive_s,
+        max_connections=a.max_connections, backlog=a.backlog, deadline_s=a.deadline_ms / 1e3,
+        max_queue_samples=a.max_queue_samples,
+    )
     server = build_server(a.model, a.host, a.port, max_batch=a.max_batch, max_wait_ms=a.max_wait_ms,
-                          threads=a.threads, seed=a.seed)
-
-    def on_term(signum: int, frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_term)
-    print(json.dumps({"event": "listening", "port": server.server_address[1], "model": a.model,
-                      "threads": server.threads, "max_batch": a.max_batch, "max_wait_ms": a.max_wait_ms}), flush=True)
+                          threads=a.threads, seed=a.seed, limits=limits)
+    # uvicorn shuts down gracefully on SIGTERM / SIGINT, then re-raises the signal to the
+    # handler it found: this one, so that the process exits 0 after stopping the batcher
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    lim = server.app.limits
+    print(json.dumps({"event": "listening", "port": server.port, "model": a.model, "threads": server.threads,
+                      "max_batch": a.max_batch, "max_wait_ms": a.max_wait_ms, "deadline_ms": lim.deadline_s * 1e3,
+                      "max_queue_samples": lim.max_queue_samples, "max_body_bytes": lim.max_body_bytes,
+                      "max_connections": lim.max_connections}), flush=True)
     try:
-        server.serve_forever(poll_interval=0.2)
+        server.run()
     except KeyboardInterrupt:
         pass
-    finally:
-        server.server_close()
-        server.batcher.stop()
     return 0
 
 

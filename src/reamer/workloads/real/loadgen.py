@@ -15,8 +15,17 @@ silently lower rate. Only the given URL is ever contacted, or, with ``--endpoint
 replicas a controller publishes in that file (:mod:`reamer.workloads.real.endpoints`:
 weighted client-side balancing, re-read when the file changes).
 
-The report (stdout, one JSON object): sent / ok / errors, offered and achieved rate,
-latency p50 / p95 / p99 / mean / max in milliseconds.
+With ``--deadline-ms D`` each request carries ``X-Deadline-Ms``: what is left of ``D`` since its
+scheduled arrival (the time its client still waits), so an overloaded server can shed it
+(:mod:`reamer.workloads.real.admission`) instead of computing it too late.
+
+The report (stdout, one JSON object): sent / ok / errors (by HTTP status or exception;
+every non-2xx answer and every failure, 503 included: they all count against the SLO),
+``shed`` (how many of those errors were 503: refused by the server's admission control),
+offered and achieved rate (successes over wall time), latency p50 / p95 / p99 / mean / max
+in milliseconds of the successful requests. A window line (``--window-s``) has the same
+``errors`` and ``shed`` counts, and ``p99_with_failures_ms``: the p99 with every failed
+request counted at the timeout (what a client saw).
 """
 
 from __future__ import annotations
@@ -113,11 +122,16 @@ def run_load(
     timeout_s: float = 10.0,
     window_s: float = 0.0,
     on_window: Any = None,
+    deadline_ms: float | None = None,
 ) -> dict[str, Any]:
     """Run the schedule against ``url`` (or, per request, the replica the ``endpoints`` file's
     balancer picks, at ``path``) and return the report. With ``window_s`` > 0,
     ``on_window(report)`` gets, every ``window_s``, the requests completed in that window:
-    count, errors, p50/p99 latency (what a monitoring system sees per window)."""
+    count, errors, p50/p99 latency (what a monitoring system sees per window). With
+    ``deadline_ms``, every request carries ``X-Deadline-Ms``: what is left of it since the
+    request's scheduled arrival (at least 0)."""
+    if deadline_ms is not None and not (math.isfinite(deadline_ms) and deadline_ms > 0):
+        raise ValueError(f"deadline_ms: expected > 0, got {deadline_ms!r}")
     if (url is None) == (endpoints is None):
         raise ValueError("expected exactly one of url and endpoints")
     picker = EndpointsFile(endpoints) if endpoints is not None else None
@@ -137,6 +151,7 @@ def run_load(
     errors: dict[str, int] = {}
     done_at: list[float] = []
     late = [0]
+    shed = [0]
     work: queue.Queue[float | None] = queue.Queue()
 
     def fail(kind: str) -> None:
@@ -157,6 +172,9 @@ def run_load(
             conn = http.client.HTTPConnection(*addr, timeout=timeout_s)
             try:
                 headers = {"Content-Type": content_type} if body is not None else {}
+                if deadline_ms is not None:
+                    left = deadline_ms - 1e3 * (time.perf_counter() - (t0 + due))
+                    headers["X-Deadline-Ms"] = f"{max(0.0, left):.3f}"
                 conn.request(method, target, body=body, headers=headers)
                 resp = conn.getresponse()
                 resp.read()
@@ -172,11 +190,15 @@ def run_load(
                 else:
                     errors[str(status)] = errors.get(str(status), 0) + 1
                     win_err[0] += 1
+                    if status == 503:
+                        shed[0] += 1
+                        win_shed[0] += 1
         except (OSError, http.client.HTTPException) as e:
             fail(type(e).__name__)
 
     win_lat: list[float] = []
     win_err = [0]
+    win_shed = [0]
     finished = threading.Event()
 
     def reporter() -> None:
@@ -184,14 +206,14 @@ def run_load(
         while not finished.wait(max(0.0, t0 + (k + 1) * window_s - time.perf_counter())):
             k += 1
             with lock:
-                lat_w, err_w = sorted(win_lat), win_err[0]
+                lat_w, err_w, shed_w = sorted(win_lat), win_err[0], win_shed[0]
                 win_lat.clear()
-                win_err[0] = 0
+                win_err[0] = win_shed[0] = 0
             ms = lambda v: None if v is None else round(v * 1e3, 3)  # noqa: E731
             # what a client saw: a failed request counts at the timeout (it got no answer in time)
             seen_w = sorted(lat_w + [timeout_s] * err_w)
             on_window({"event": "window", "window": k, "t_end_s": round(k * window_s, 3), "ok": len(lat_w),
-                       "errors": err_w, "p50_ms": ms(percentile(lat_w, 50)), "p99_ms": ms(percentile(lat_w, 99)),
+                       "errors": err_w, "shed": shed_w, "p50_ms": ms(percentile(lat_w, 50)), "p99_ms": ms(percentile(lat_w, 99)),
                        "p99_with_failures_ms": ms(percentile(seen_w, 99))})
 
     t0 = time.perf_counter()
@@ -237,6 +259,7 @@ def run_load(
         "sent": len(arrivals),
         "ok": len(lat),
         "errors": errors,
+        "shed": shed[0],
         "late_dispatches": late[0],
         "offered_rate": round(len(arrivals) / window, 3),
         "achieved_rate": round(len(lat) / wall, 3),  # successes over the wall time the run took
@@ -289,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--payload-file", default=None, help="request body (default: one random 3x32x32 float32 sample)")
     ap.add_argument("--content-type", default="application/octet-stream")
     ap.add_argument("--method", default="POST", choices=["GET", "POST"])
+    ap.add_argument("--deadline-ms", type=float, default=None,
+                    help="send X-Deadline-Ms: what is left of this since each request's scheduled arrival")
     ap.add_argument("--window-s", type=float, default=0.0,
                     help="also print one JSON line per window of this many seconds (completed requests, p99)")
     a = ap.parse_args(argv)
@@ -297,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run_load(a.url, endpoints=a.endpoints, path=a.path, rates=rates, interval_s=a.interval, duration_s=duration, max_requests=a.max_requests,
                       seed=a.seed, payload=payload, content_type=a.content_type, method=a.method,
                       max_inflight=a.max_inflight, timeout_s=a.timeout, window_s=a.window_s,
-                      on_window=lambda w: print(json.dumps(w), flush=True))
+                      on_window=lambda w: print(json.dumps(w), flush=True), deadline_ms=a.deadline_ms)
     print(json.dumps(report), flush=True)
     return 0 if report["ok"] > 0 or report["sent"] == 0 else 1
 

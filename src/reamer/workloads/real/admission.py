@@ -1,0 +1,289 @@
+"""Dynamic batching with admission control in front of one ONNX Runtime session.
+
+One batcher thread owns the session (ONNX Runtime releases the GIL in ``run``, so the event
+loop keeps serving while a batch runs). Requests wait in one bounded FIFO queue; the
+batcher takes the first waiting request, then keeps collecting until ``max_batch`` samples
+wait or ``max_wait_ms`` has passed since it found the queue non-empty, and runs one batch
+of up to ``max_batch`` samples (a request is never split).
+
+Admission (:meth:`Batcher.admit`, called on the event loop; nothing blocks there):
+
+- the queue holds at most ``max_queue_samples`` samples: past that → shed ``queue_full``;
+- the expected completion of the request is estimated from what is ahead of it — the rest of
+  the running batch, the queued samples plus its own in batches of ``max_batch``, each at its
+  measured service time — and if it lies past the request's deadline the request is shed
+  ``deadline`` at once, without queueing (the client learns in microseconds, not after its
+  deadline; ``Retry-After`` says when the queue is expected to have drained enough);
+- a queued request whose deadline has passed when the batcher would take it is dropped
+  (``expired``), not computed: its client has given up.
+
+Service times: per batch size an exponentially weighted moving average of the measured wall
+time of ``session.run`` (what the batch really took on this replica's CPU share, with the
+HTTP work of the event loop competing for the same cores), seeded at start by
+:meth:`Batcher.warm_up` (sizes 1 and ``max_batch``) and interpolated linearly between measured
+sizes. ``EWMA_ALPHA`` = 0.1: the average follows a change (a CPU quota resize) within about
+ten batches, tens of milliseconds to a second at the rates served here.
+
+Results go back as :class:`concurrent.futures.Future` objects (the server awaits them with
+``asyncio.wrap_future``, which hands the result to the event loop with
+``call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+EWMA_ALPHA = 0.1
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """A request not computed: ``reason`` (``queue_full``, ``deadline``, ``expired``,
+    ``stopping``), the wait it would have had and when to retry (seconds)."""
+
+    reason: str
+    expected_wait_s: float
+    retry_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A computed request: its rows of the batch output and the size of that batch."""
+
+    out: np.ndarray
+    batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error: str
+
+
+Outcome = Served | Shed | Failed
+
+
+class ServiceTimes:
+    """Per batch size 1..``max_batch``, an EWMA of the measured run time (seconds)."""
+
+    def __init__(self, max_batch: int, alpha: float = EWMA_ALPHA):
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha: expected in (0, 1], got {alpha!r}")
+        self.alpha = alpha
+        self.t: list[float | None] = [None] * (max_batch + 1)
+
+    def observe(self, n: int, seconds: float) -> None:
+        old = self.t[n]
+        self.t[n] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def estimate(self, n: int) -> float:
+        """Measured at ``n``, else interpolated between the nearest measured sizes (beyond the
+        largest measured one: proportional to ``n``; none measured: 0)."""
+        if n <= 0:
+            return 0.0
+        v = self.t[n]
+        if v is not None:
+            return v
+        lo = next((k for k in range(n - 1, 0, -1) if self.t[k] is not None), None)
+        hi = next((k for k in range(n + 1, len(self.t)) if self.t[k] is not None), None)
+        if lo is not None and hi is not None:
+            tl, th = self.t[lo], self.t[hi]
+            assert tl is not None and th is not None
+            return tl + (th - tl) * (n - lo) / (hi - lo)
+        k = lo if lo is not None else hi
+        if k is None:
+            return 0.0
+        tk = self.t[k]
+        assert tk is not None
+        return tk * n / k
+
+
+class _Pending:
+    __slots__ = ("x", "n", "deadline", "future")
+
+    def __init__(self, x: np.ndarray, deadline: float):
+        self.x, self.n, self.deadline = x, len(x), deadline
+        self.future: Future[Outcome] = Future()
+
+
+class Batcher:
+    """The batcher thread, its bounded queue and the admission decision (module docstring)."""
+
+    def __init__(self, session: Any, max_batch: int, max_wait_ms: float, max_queue_samples: int,
+                 metrics: Any = None, clock: Callable[[], float] = time.monotonic):
+        if max_batch < 1:
+            raise ValueError(f"max_batch: expected >= 1, got {max_batch!r}")
+        if max_queue_samples < max_batch:
+            raise ValueError(f"max_queue_samples: expected >= max_batch ({max_batch}), got {max_queue_samples!r}")
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms: expected >= 0, got {max_wait_ms!r}")
+        self.session = session
+        self.input_name = session.get_inputs()[0].name
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1e3
+        self.max_queue_samples = max_queue_samples
+        self.metrics = metrics  # a ServerMetrics, or None
+        self.clock = clock
+        self.times = ServiceTimes(max_batch)
+        self.cv = threading.Condition()
+        self.q: deque[_Pending] = deque()
+        self.queued = 0  # samples in q
+        self.running: tuple[float, int] | None = None  # (started, samples) of the batch being run
+        self.stopping = False
+        self.thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def warm_up(self, sample_shape: tuple[int, ...], runs: int = 3) -> None:
+        """Run batches of 1 and ``max_batch`` zero samples ``runs`` times each (the first run of
+        a session is slow) and seed the service times with the last run of each size."""
+        for n in sorted({1, self.max_batch}):
+            x = np.zeros((n, *sample_shape), dtype=np.float32)
+            dt = 0.0
+            for _ in range(max(1, runs)):
+                t0 = time.perf_counter()
+                self.session.run(None, {self.input_name: x})
+                dt = time.perf_counter() - t0
+            self.times.observe(n, dt)
+        log.info("warm-up: batch 1 %.2f ms, batch %d %.2f ms", 1e3 * self.times.estimate(1), self.max_batch,
+                 1e3 * self.times.estimate(self.max_batch))
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Finish the running batch; every queued request is answered ``stopping``."""
+        with self.cv:
+            self.stopping = True
+            left = list(self.q)
+            self.q.clear()
+            self.queued = 0
+            self._gauges()
+            self.cv.notify_all()
+        for p in left:
+            self._shed(p, "stopping", 0.0)
+        if self.thread.is_alive():
+            self.thread.join(timeout=timeout_s)
+
+    # ------------------------------------------------------------------ admission
+    def expected_wait_s(self, n: int = 1, now: float | None = None) -> float:
+        """Expected time until a request of ``n`` samples arriving now is answered."""
+        with self.cv:
+            return self._expected_wait(self.clock() if now is None else now, n)
+
+    def _expected_wait(self, now: float, n: int) -> float:
+        w = 0.0
+        if self.running is not None:
+            started, k = self.running
+            w += max(0.0, started + self.times.estimate(k) - now)
+        full, rest = divmod(self.queued + n, self.max_batch)
+        w += full * self.times.estimate(self.max_batch) + self.times.estimate(rest)
+        if rest and not full and self.running is None:
+            w += self.max_wait_s  # it would start a batch that may wait to fill
+        return w
+
+    def admit(self, x: np.ndarray, deadline: float) -> Future[Outcome] | Shed:
+        """Queue ``x`` (``n`` samples, ``1 <= n <= max_batch``) to be answered by ``deadline``
+        (on :attr:`clock`), or say why not (never blocks)."""
+        n = len(x)
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"samples per request: expected 1..{self.max_batch}, got {n}")
+        now = self.clock()
+        with self.cv:
+            if self.stopping:
+                return Shed("stopping", 0.0, 1.0)
+            wait = self._expected_wait(now, n)
+            if self.queued + n > self.max_queue_samples:
+                # room frees at the rate batches complete
+                excess = self.queued + n - self.max_queue_samples
+                return Shed("queue_full", wait, math.ceil(excess / self.max_batch) * self.times.estimate(self.max_batch))
+            if now + wait > deadline:
+                return Shed("deadline", wait, max(0.0, now + wait - deadline))
+            p = _Pending(x, deadline)
+            self.q.append(p)
+            self.queued += n
+            self._gauges()
+            self.cv.notify()
+        return p.future
+
+    # ------------------------------------------------------------------ batcher thread
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self.q))
+            self.metrics.queue_samples.set(self.queued)
+
+    def _take(self, now: float) -> tuple[list[_Pending], list[_Pending], int]:
+        """Pop (under the lock) the next batch in FIFO order: (to run, expired, samples to run)."""
+        items: list[_Pending] = []
+        expired: list[_Pending] = []
+        n = 0
+        while self.q and n + self.q[0].n <= self.max_batch:
+            p = self.q.popleft()
+            self.queued -= p.n
+            if p.deadline < now:
+                expired.append(p)
+                continue
+            items.append(p)
+            n += p.n
+        self._gauges()
+        if items:
+            self.running = (now, n)
+        return items, expired, n
+
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.q and not self.stopping:
+                    self.cv.wait()
+                if self.stopping:
+                    return
+                fill_until = self.clock() + self.max_wait_s
+                while self.queued < self.max_batch and not self.stopping:
+                    left = fill_until - self.clock()
+                    if left <= 0:
+                        break
+                    self.cv.wait(left)
+                if self.stopping:
+                    return
+                items, expired, n = self._take(self.clock())
+            for p in expired:
+                self._shed(p, "expired", 0.0)
+            if items:
+                self._run(items, n)
+
+    def _shed(self, p: _Pending, reason: str, wait: float) -> None:
+        p.future.set_result(Shed(reason, wait, 1.0))
+
+    def _run(self, items: list[_Pending], n: int) -> None:
+        try:
+            x = items[0].x if len(items) == 1 else np.concatenate([p.x for p in items])
+            t0 = time.perf_counter()
+            (out,) = self.session.run(None, {self.input_name: x})
+            dt = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - reported to every waiting request
+            log.exception("session.run of a batch of %d failed", n)
+            with self.cv:
+                self.running = None
+            for p in items:
+                p.future.set_result(Failed(f"{type(e).__name__}: {e}"))
+            return
+        with self.cv:
+            self.running = None
+            self.times.observe(n, dt)
+        if self.metrics is not None:
+            self.metrics.run_s.observe(dt)
+            self.metrics.batch.observe(n)
+            self.metrics.samples.inc(n)
+        i = 0
+        for p in items:
+            p.future.set_result(Served(out[i : i + p.n], n))
+            i += p.n
