@@ -83,7 +83,7 @@ def _controller(tmp_path: Path) -> subprocess.Popen:
     path = tmp_path / "sc.yaml"
     path.write_text(yaml.safe_dump(sc))
     return subprocess.Popen([sys.executable, "-m", "reamer.cli.main", "local", str(path),
-                             "--report", str(tmp_path / "r.html")],
+                             "--report", str(tmp_path / "r.html"), "--state-dir", str(tmp_path / "state")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "200"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
@@ -232,4 +232,68 @@ def test_a_replica_killed_or_stopped_mid_run_leaves_routing_and_is_replaced(faul
 
     m = summarize(run, {"vgg": 250.0})
     assert m["windows_missed:vgg"] >= 1 and m["errors:vgg"] == errors
+    assert _left() == ([], [], [])
+
+
+KILL_SC = {**SCENARIO, "name": "test-kill-controller", "max_s": 120,
+           "hosts": [{"name": "ps-a", "cores": 1.0, "cpus": [0]}, {"name": "trainer", "cores": 1.0, "cpus": [1]}],
+           "jobs": [{**SCENARIO["jobs"][0], "samples": 12000, "max_ps": 1}],
+           "policy": {"training": "static", "harvest": None, "interval_s": 2}}
+
+
+def _local(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    path = tmp_path / "sc.yaml"
+    path.write_text(yaml.safe_dump(KILL_SC))
+    return subprocess.Popen([sys.executable, "-m", "reamer.cli.main", "local", str(path), "--report",
+                             str(tmp_path / "r.html"), "--state-dir", str(tmp_path / "state"), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+
+
+def _checkpoint_step(tmp_path: Path) -> int:
+    from reamer.workloads.real.ps_training import read_manifest
+
+    m = read_manifest(tmp_path / "state" / "checkpoints" / "j1")
+    return m[1] if m else 0
+
+
+def test_kill_9_of_the_controller_then_restart_resumes_the_job_from_its_checkpoint(tmp_path):
+    """kill -9 of the controller: the workloads train on (their telemetry goes to files, not a
+    pipe); the same command again has them leave cleanly, sweeps the dead run's cgroups and
+    namespaces, resumes the job on its recorded shape from its checkpoint with at most one
+    checkpoint interval (20 steps) lost, says so, the job finishes, and nothing is left —
+    the state folder included, as the run finished cleanly."""
+    import json
+
+    _need_local()
+    assert _left() == ([], [], [])
+    p = _local(tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while _checkpoint_step(tmp_path) < 40:
+            assert p.poll() is None and time.monotonic() < deadline, p.stdout.read() if p.stdout else ""
+            time.sleep(0.2)
+        p.kill()
+        p.wait(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    record = json.loads((tmp_path / "state" / "run.json").read_text())
+    assert record["status"] == "running" and [j["status"] for j in record["jobs"]] == ["running"]
+    step_at_kill = _checkpoint_step(tmp_path)
+    time.sleep(3.0)
+    owned, ns, pids = _left()
+    assert len(pids) == 2, "the workloads died with their controller"
+    assert _checkpoint_step(tmp_path) > step_at_kill, "the job did not train on without its controller"
+
+    again = _local(tmp_path, "--json", str(tmp_path / "out.json"))
+    out, _ = again.communicate(timeout=150)
+    assert again.returncode == 0, out
+    assert "resumed the crashed run of 'test-kill-controller'" in out, out
+    doc = json.loads((tmp_path / "out.json").read_text())
+    entry = doc["runs"][0]
+    assert entry["metrics"]["unfinished_jobs"] == 0, entry
+    (f,) = entry["failures"]
+    assert f["job"] == "j1" and f["what"] == "controller restarted" and 0 <= f["steps_lost"] <= 20, f
+    assert not (tmp_path / "state").exists()
     assert _left() == ([], [], [])

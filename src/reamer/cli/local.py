@@ -32,10 +32,12 @@ def _round_line(r: RoundRecord) -> str:
     return " | ".join(parts)
 
 
-def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Console,
-             report: Path) -> tuple[dict[str, float], list[dict]]:
-    """Run ``sc`` for real; Ctrl-C or SIGTERM stop it and still remove everything. Returns its
-    metrics and what failed during it."""
+def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Console, report: Path, *,
+             state_dir: Path | None = None, fresh: bool = False,
+             keep_state: bool = False) -> tuple[dict[str, float], list[dict]]:
+    """Run ``sc`` for real; Ctrl-C or SIGTERM stop it and still remove every process and
+    cgroup. With ``state_dir`` the run is crash-safe (an unfinished run there is resumed, or
+    with ``fresh`` discarded). Returns its metrics and what failed during it."""
     missing = [s.model for s in sc.services if s.model not in profiles.inference]
     if missing:
         raise InputError("profiles", "inference", f"a service-time profile for {missing[0]} (run: reamer calibrate)")
@@ -43,10 +45,13 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
         console.print(f"[bold]real run[/bold]: {sc.name} ({len(sc.hosts)} testbed hosts, "
                       f"{len(sc.jobs)} training job(s), {len(sc.services)} service(s); up to {sc.max_s:g} s)")
         try:
-            run = run_scenario(sc, profiles, on_round=lambda r: console.print(_round_line(r), highlight=False))
+            run = run_scenario(sc, profiles, on_round=lambda r: console.print(_round_line(r), highlight=False),
+                               state_dir=state_dir, fresh=fresh, keep_state=keep_state)
         except RunLocked as e:
             raise InputError("reamer local", "machine", "no other real run on this machine", str(e)) from None
     slo = {s.id: s.slo_p99_ms for s in sc.services}
+    for line in run.recovered:
+        console.print(line, highlight=False)
     if run.swept:
         console.print(f"removed leftovers of an earlier run: {', '.join(run.swept)}")
     t = Table(title=f"Reamer demo: {sc.name} (real processes, cgroups, network namespaces)")

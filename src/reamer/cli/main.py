@@ -200,9 +200,16 @@ def local_command(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the run's metrics")] = None,
     report: Annotated[Path, typer.Option(help="Where to write the HTML report")] = Path("out/local-report.html"),
     profiles: Annotated[Path | None, typer.Option(envvar="REAMER_PROFILES", help="Calibrated profile")] = None,
+    state_dir: Annotated[Path | None, typer.Option(
+        help="The run's durable state (record, checkpoints, logs); an unfinished run there is resumed "
+             "[default: ~/.local/state/reamer/local/SCENARIO]")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Discard an unfinished run in the state folder")] = False,
+    keep_state: Annotated[bool, typer.Option("--keep-state",
+                                             help="Keep the state folder after a run that finished")] = False,
 ) -> None:
-    """Run a local scenario for real: testbed hosts, cgroups, real PS training and inference."""
-    from reamer.backends.local.session import unavailable
+    """Run a local scenario for real: testbed hosts, cgroups, real PS training and inference.
+    Crash-safe: after a crash, the same command resumes the jobs from their checkpoints."""
+    from reamer.backends.local.session import default_state_dir, unavailable
     from reamer.cli.local import run_real
     from reamer.config.local import load_local
 
@@ -212,7 +219,8 @@ def local_command(
         reason = unavailable()
         if reason is not None:
             raise InputError("reamer local", "machine", "root, writable cgroups, iproute2, torch, onnxruntime", reason)
-        metrics, failed = run_real(sc, prof, console, _out(), report)
+        metrics, failed = run_real(sc, prof, console, _out(), report, state_dir=state_dir or default_state_dir(sc.name),
+                                   fresh=fresh, keep_state=keep_state)
     if json_out:
         name = sc.policy.training + (f"+{sc.policy.harvest}" if sc.services and sc.policy.harvest else "")
         write_json(json_out, document("local", [{**run_entry(sc.name, sc.seed, name, metrics), "failures": failed}]))

@@ -45,6 +45,7 @@ class LocalRun:
     replica_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # replica → its /metrics at the end
     events: list[tuple[float, str, str]] = field(default_factory=list)
     swept: list[str] = field(default_factory=list)  # leftovers of an earlier run removed at start
+    recovered: list[str] = field(default_factory=list)  # what became of an unfinished run in the state folder
 
 
 def run_local(
@@ -96,7 +97,9 @@ def run_scenario(
     profiles: Profiles,
     *,
     on_round: RoundHook | None = None,
-    workdir: Path | None = None,
+    state_dir: Path | None = None,
+    fresh: bool = False,
+    keep_state: bool = False,
     cgroup_root: Path = CGROUP_ROOT,
     fixed_replicas: list[tuple[str, str, float, int, float]] | None = None,
     replica_cpus: list[int] | None = None,
@@ -106,13 +109,16 @@ def run_scenario(
     max_batch, max_wait_s)`` places replicas once at the start and runs no harvesting policy
     (sim-vs-real runs). ``replica_cpus`` pins every inference replica (default: its node's
     CPUs); ``apparatus_cpus`` pins this controller and the load generators, the measuring
-    apparatus, away from what is measured."""
+    apparatus, away from what is measured. ``state_dir`` makes the run crash-safe: an
+    unfinished run recorded there is resumed from its checkpoints (``fresh``: discarded), and
+    the folder stays unless every job finished and not ``keep_state``
+    (:mod:`reamer.backends.local.session`)."""
     policy = training_policy(sc.policy, sc.source)
     hpolicy = None
     if sc.services and fixed_replicas is None and sc.policy.harvest is not None:
         hpolicy = harvest_policy(sc.policy, sc.source, profiles.inference, sc.policy.interval_s)
-    with open_session(sc, profiles, workdir=workdir, cgroup_root=cgroup_root, replica_cpus=replica_cpus,
-                      apparatus_cpus=apparatus_cpus) as session:
+    with open_session(sc, profiles, state_dir=state_dir, fresh=fresh, keep_state=keep_state,
+                      cgroup_root=cgroup_root, replica_cpus=replica_cpus, apparatus_cpus=apparatus_cpus) as session:
         cluster, inference = session.cluster, session.inference
         harvest = None
         if inference is not None:
@@ -127,7 +133,8 @@ def run_scenario(
 
         result = run_local(cluster, policy, interval_s=sc.policy.interval_s, max_s=sc.max_s, on_round=on_round,
                            harvest=harvest, done=done)
-        run = LocalRun(result, swept=session.swept, events=session.events())
+        session.finished = result.unfinished == 0 and not result.failed_jobs
+        run = LocalRun(result, swept=session.swept, events=session.events(), recovered=session.recovered)
         if inference is not None:
             result.actuation_errors += inference.actuation_errors
             result.replica_failures = list(inference.replica_failures)

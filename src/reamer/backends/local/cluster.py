@@ -21,6 +21,10 @@ processes, cgroups, checkpoints and the measurements read from them.
 
 A change of PS or worker count is a restart in real PS frameworks too (TensorFlow's
 ClusterSpec is fixed at start); this backend measures what the simulator assumes.
+
+With a ``record`` (the run's identity), what runs where is written to ``run.json`` in
+``workdir`` after every observe and actuate (:mod:`~reamer.backends.local.runstate`); a
+later controller on the same folder calls :meth:`LocalCluster.resume` with it.
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ from pathlib import Path
 
 from reamer.backends.local.cgroups import CgroupExecutor, CpuStats
 from reamer.backends.local.netns import Testbed
-from reamer.backends.local.procs import Proc, workload_env
-from reamer.workloads.real.ps_training import read_manifest
+from reamer.backends.local.procs import Proc, read_telemetry, workload_env
+from reamer.backends.local.runstate import ContainerRecord, JobRecordFile, ProcRecord, RunState, write_state
 from reamer.backends.state import ClusterState, Effect, JobRecord, Launch, Reshape, SetQuota
 from reamer.domain import ClusterSnapshot, Container, ContainerTelemetry, Decision, JobState, JobTelemetry
-from reamer.domain import Node, Role, TrainingJob
+from reamer.domain import Node, Resources, Role, TrainingJob
+from reamer.workloads.real.ps_training import read_manifest
 
 PS_MODULE = "reamer.workloads.real.ps_training"
 log = logging.getLogger(__name__)
@@ -92,6 +97,8 @@ class LocalCluster:
         checkpoint_every: int = 20,
         max_restarts: int = 3,
         restart_backoff_s: float = 2.0,
+        record: RunState | None = None,
+        t_offset: float = 0.0,
     ):
         self.local = {n.node.name: n for n in nodes}
         self.state = ClusterState([n.node for n in nodes], {n.node.name: n.cpus for n in nodes})
@@ -102,7 +109,8 @@ class LocalCluster:
         self.python, self.clock = python, clock
         self.launch_timeout_s, self.stop_timeout_s, self.report_every_s = launch_timeout_s, stop_timeout_s, report_every_s
         self.seed = seed
-        self.t0 = clock()
+        self.t0 = clock() - t_offset  # a resumed run's timeline goes on from its first start
+        self.record = record  # the run's identity: with it, the durable run.json is kept
         self._cpu: dict[str, tuple[float, CpuStats]] = {}
         self._net: dict[str, tuple[float, int, int]] = {}
         self._last_observe = 0.0
@@ -113,6 +121,8 @@ class LocalCluster:
         self.failures: list[tuple[float, str, str, int]] = []  # (t, job, what died, steps lost)
         self.failed_jobs: dict[str, str] = {}  # job -> why it was given up
         self._retry_at: dict[str, float] = {}  # job -> when its next restart is due (back-off)
+        self.restart_count: dict[str, int] = {}  # job -> restarts after a process died
+        self._resume: dict[str, str] = {}  # job -> why it is relaunched from its checkpoint at the next observe
         self._reconcile: set[str] = set()  # jobs whose last actuation failed
         self.events: list[tuple[float, str, str]] = []  # (t, job, what) for the report
 
@@ -192,6 +202,7 @@ class LocalCluster:
         self._collect(run)
         self._release(run)
         run.samples_base = run.samples_done(self.state.jobs[jid].spec.batch)
+        run.start_step = run.reached = max(run.progress.values(), default=run.start_step)  # banked up to here
         run.progress = {}
 
     def _wait(self, run: _Run) -> None:
@@ -229,6 +240,14 @@ class LocalCluster:
         while self.pending and self.pending[0].arrival_s <= now:
             spec = self.pending.pop(0)
             self.state.submit(spec, spec.arrival_s)
+        for jid, why in sorted(self._resume.items()):
+            try:
+                self._relaunch(jid, now, why)
+            except Exception as err:  # noqa: BLE001 - reconciled next round, as a failed actuation
+                log.warning("resuming %s failed (%s): reconciled next round", jid, err)
+                self.actuation_errors.append((now, jid, f"resume: {err}"))
+                self._reconcile.add(jid)
+        self._resume.clear()
         for jid in sorted(self._reconcile):
             self._reconcile_job(jid, now)
         for jid in list(self.state.running):
@@ -251,6 +270,7 @@ class LocalCluster:
             j = self.state.jobs[jid]
             queue.append(j.view(self.runs[jid].samples_base, now))
         self._last_observe = now
+        self.persist()
         return self.state.snapshot(now, queue, running, tel)
 
     def _speed(self, j: JobRecord, run: _Run) -> float | None:
@@ -333,6 +353,8 @@ class LocalCluster:
                 log.warning("carrying out %s failed (%s): reconciled next round", d, err)
                 self.actuation_errors.append((now, e.job, f"{type(d).__name__}: {err}"))
                 self._reconcile.add(e.job)
+        if decisions:
+            self.persist()
 
     def _check_alive(self, jid: str, now: float) -> None:
         """A process of a running job exited before the job was done: the others leave (the PS
@@ -351,10 +373,9 @@ class LocalCluster:
             return
         reason = f"{', '.join(dead)} exited"
         log.warning("job %s: %s before the job was done", jid, reason)
-        reached = max(run.progress.values(), default=run.start_step)
         self._stop(jid, [cid for cid in run.procs if cid in j.containers and j.containers[cid].role is Role.WORKER])
-        run.reached = reached
-        n = sum(1 for f in self.failures if f[1] == jid)
+        n = self.restart_count.get(jid, 0)
+        self.restart_count[jid] = n + 1
         if n >= self.max_restarts:
             self.failures.append((now, jid, reason, 0))
             self.failed_jobs[jid] = f"{reason}; gave up after {n} restarts"
@@ -426,13 +447,81 @@ class LocalCluster:
             self._stop(j.id, [c.id for c in e.containers if c.role is Role.WORKER])
             self._event(now, j.id, "preempted")
 
+    # ------------------------------------------------------------------ durable record
+    def persist(self) -> None:
+        """Write what runs where to ``workdir/run.json`` (atomically; nothing without a record)."""
+        if self.record is None:
+            return
+        jobs = [JobRecordFile(id=j.id, status="pending") for j in self.pending]
+        for jid, j in self.state.jobs.items():
+            run = self.runs[jid]
+            status = ("failed" if jid in self.failed_jobs else "done" if j.state is JobState.DONE
+                      else "running" if j.state is JobState.RUNNING else "queued")
+            jobs.append(JobRecordFile(
+                id=jid, status=status, next_id=j.next_id, queued_since=j.queued_since, queue_s=j.queue_s,
+                started_s=j.started_s, finished_s=j.finished_s, last_change_s=j.last_change_s, reconfigs=j.reconfigs,
+                samples_base=run.samples_base, start_step=run.start_step, restarts=self.restart_count.get(jid, 0),
+                failed=self.failed_jobs.get(jid),
+                containers=[ContainerRecord(id=c.id, role=c.role.value, node=c.node, cpu=c.res.cpu, mem_mib=c.res.mem_mib,
+                                            cpuset=list(c.cpuset) if c.cpuset is not None else None)
+                            for c in j.containers.values()],
+                procs={cid: ProcRecord(pid=pr.pid, cgroup=pr.cgroup, role=j.containers[cid].role.value,
+                                       telemetry=str(pr.telemetry))
+                       for cid, pr in run.procs.items() if cid in j.containers}))
+        write_state(self.workdir, self.record.model_copy(update={"jobs": jobs}))
+
+    def resume(self, prev: RunState) -> list[str]:
+        """Rebuild from a crashed run's record (its processes already gone): finished jobs stay
+        finished, queued ones queue, and each running job relaunches on its recorded shape from
+        its latest complete checkpoint at the next observe; the steps its workers had reported
+        beyond that checkpoint are counted lost. Returns one line per job resumed."""
+        specs = {j.id: j for j in self.pending}
+        said = []
+        for rec in prev.jobs:
+            spec = specs.get(rec.id)
+            if spec is None or rec.status == "pending":
+                continue
+            self.pending.remove(spec)
+            containers = [Container(c.id, rec.id, Role(c.role), c.node, Resources(c.cpu, c.mem_mib),
+                                    tuple(c.cpuset) if c.cpuset is not None else None) for c in rec.containers]
+            run = self.runs[rec.id]
+            nw = sum(1 for c in containers if c.role is Role.WORKER)
+            steps = [_reached(Path(pr.telemetry)) for pr in rec.procs.values() if pr.role == "worker"]
+            run.reached = max([rec.start_step, *(s for s in steps if s is not None)])
+            run.samples_base = rec.samples_base + (run.reached - rec.start_step) * spec.batch * nw
+            run.start_step = rec.start_step
+            self.restart_count[rec.id] = rec.restarts
+            kw = dict(next_id=rec.next_id, queued_since=rec.queued_since, queue_s=rec.queue_s,
+                      started_s=rec.started_s, last_change_s=rec.last_change_s, reconfigs=rec.reconfigs)
+            if rec.status in ("done", "failed"):
+                self.state.restore(spec, [], finished_s=rec.finished_s if rec.finished_s is not None else 0.0, **kw)
+                if rec.failed:
+                    self.failed_jobs[rec.id] = rec.failed
+                continue
+            self.state.restore(spec, containers if rec.status == "running" else [], force=True, **kw)
+            if rec.status == "running":
+                ckpt = read_manifest(self._ckpt(self.state.jobs[rec.id]))
+                self._resume[rec.id] = "controller restarted"
+                said.append(f"{rec.id}: from the checkpoint at step {ckpt[1] if ckpt else 0} "
+                            f"(its workers had reached step {run.reached})")
+        self.persist()
+        return said
+
     # ------------------------------------------------------------------ end
     @property
     def finished(self) -> bool:
         return not self.pending and all(j.state is JobState.DONE for j in self.state.jobs.values())
 
-    def close(self) -> None:
-        """Stop every process and remove every cgroup this backend created (idempotent)."""
+    def close(self, *, checkpoint: bool = False) -> None:
+        """Stop every process and remove every cgroup this backend created (idempotent). With
+        ``checkpoint``, running jobs first leave cleanly (their PS write a last checkpoint, at
+        most ``stop_timeout_s``) and the durable record keeps their progress for a resume."""
+        if checkpoint:
+            for jid in list(self.state.running):
+                with contextlib.suppress(Exception):
+                    self._stop(jid, [cid for cid in run.procs
+                                     if self.state.jobs[jid].containers[cid].role is Role.WORKER])
+            self.persist()
         for run in self.runs.values():
             with contextlib.suppress(Exception):
                 self._release(run)
@@ -442,3 +531,14 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _reached(telemetry: Path) -> int | None:
+    """The last step a worker reported in its latest incarnation (after its last ``connected``)."""
+    step = None
+    for obj in read_telemetry(telemetry):
+        if obj.get("event") == "connected":
+            step = None
+        elif "step" in obj and obj.get("event") in ("interval", "done", "stopped"):
+            step = max(step or 0, int(obj["step"]))
+    return step

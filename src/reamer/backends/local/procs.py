@@ -2,6 +2,11 @@
 namespace) before they run a single instruction of their own, with their JSON telemetry
 lines collected by a reader thread.
 
+A workload writes its telemetry to a file (``<log>.jsonl`` beside its stderr log), not to a
+pipe: when the controller dies, the reader of a pipe is gone and the next line the workload
+writes kills it (EPIPE); a file outlives the reader, so the workload trains on and the next
+controller finds its lines.
+
 The child is ``sh -c 'read _ && exec "$@"'``: it blocks on stdin until the executor has
 put its pid in the cgroup, then execs the workload — so the workload's threads are sized
 from the container's quota from its first line (no race with the cgroup write).
@@ -44,6 +49,36 @@ class Line:
     obj: dict[str, Any]
 
 
+TAIL_POLL_S = 0.02  # how often the reader looks for new lines: ≤ 1 % of a 2 s telemetry window
+
+
+def telemetry_path(log: Path) -> Path:
+    """Where the workload logging to ``log`` writes its telemetry lines."""
+    return log.with_suffix(".jsonl")
+
+
+def read_telemetry(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON line of a telemetry file (a crashed run's, say); [] when none."""
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for raw in path.read_text(errors="replace").splitlines():
+            obj = _parse(raw)
+            if obj is not None:
+                out.append(obj)
+    return out
+
+
+def _parse(raw: str) -> dict[str, Any] | None:
+    raw = raw.strip()
+    if not raw.startswith("{"):
+        return None
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 class Proc:
     """One workload process in cgroup ``cgroup``. ``clock`` stamps each telemetry line."""
 
@@ -65,11 +100,18 @@ class Proc:
         self.lines: list[Line] = []
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[str] = log.open("a")
-        self.p = subprocess.Popen(
-            ["sh", "-c", GATE, "sh", *self.argv],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-            env=env, start_new_session=True,  # Ctrl-C on the controller does not reach it directly
-        )  # fmt: skip
+        self.telemetry = telemetry_path(log)
+        out = self.telemetry.open("ab")
+        self._tail: IO[bytes] = self.telemetry.open("rb")
+        self._tail.seek(0, os.SEEK_END)  # an earlier incarnation's lines are not this one's
+        try:
+            self.p = subprocess.Popen(
+                ["sh", "-c", GATE, "sh", *self.argv],
+                stdin=subprocess.PIPE, stdout=out, stderr=self._log, text=True,
+                env=env, start_new_session=True,  # Ctrl-C on the controller does not reach it directly
+            )  # fmt: skip
+        finally:
+            out.close()
         try:
             executor.add_process(cgroup, self.p.pid)
             assert self.p.stdin is not None
@@ -86,18 +128,24 @@ class Proc:
         return self.p.pid
 
     def _read(self) -> None:
-        assert self.p.stdout is not None
-        for raw in self.p.stdout:
-            raw = raw.strip()
-            if not raw.startswith("{"):
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            with self._cond:
-                self.lines.append(Line(self._clock(), obj))
-                self._cond.notify_all()
+        """Tail the telemetry file until the process has exited and every line is read."""
+        partial = b""
+        while True:
+            exited = self.p.poll() is not None  # checked before reading: nothing written after is missed
+            chunk = self._tail.readline()
+            while chunk:
+                partial += chunk
+                if partial.endswith(b"\n"):
+                    obj = _parse(partial.decode(errors="replace"))
+                    partial = b""
+                    if obj is not None:
+                        with self._cond:
+                            self.lines.append(Line(self._clock(), obj))
+                            self._cond.notify_all()
+                chunk = self._tail.readline()
+            if exited:
+                break
+            time.sleep(TAIL_POLL_S)
         with self._cond:
             self._cond.notify_all()
 
@@ -146,6 +194,6 @@ class Proc:
         reader = getattr(self, "_reader", None)  # absent when the constructor failed
         if reader is not None:
             reader.join(timeout=2.0)
-        for f in (self.p.stdout, self._log):
+        for f in (self._tail, self._log):
             with contextlib.suppress(Exception):
-                f.close()  # type: ignore[union-attr]
+                f.close()

@@ -1,7 +1,15 @@
 """The local backends of one real run, set up (after sweeping a crashed run's leftovers) and
-removed again — on success, on error and on Ctrl-C. A ``kill -9`` of the controller leaves
-things behind; the next run's startup sweep removes them (cgroups under ``CGROUP_PREFIX``
-with the processes in them, namespaces of dead owners).
+removed again — on success, on error and on Ctrl-C.
+
+A run with a **state folder** is crash-safe: what runs where (``run.json``), the checkpoints
+and the logs live there. A ``kill -9`` of the controller leaves the workloads training (their
+telemetry goes to files, not to a pipe that would kill them); the next run on the same
+folder has them leave cleanly (workers after their step, each PS writing a last checkpoint),
+sweeps what the dead run left (cgroups under ``CGROUP_PREFIX``, namespaces of dead owners)
+and resumes every job from its checkpoint — or, with ``fresh``, discards the record and
+starts over — and says which. The folder is removed only when the run finished cleanly and
+``keep_state`` is off. One run per machine holds the lock (:func:`run_lock`), so the sweep
+only ever removes what dead runs left.
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +30,9 @@ from reamer.backends.local.cluster import LocalCluster, LocalNode
 from reamer.backends.local.inference import LocalInference, LocalService
 from reamer.backends.local.netns import NetnsError, Testbed
 from reamer.backends.local.netns import sweep as sweep_namespaces
+from reamer.backends.local.runstate import STATE_FILE, RunState, read_state, scenario_digest, set_status
 from reamer.config.local import LocalScenario
+from reamer.errors import InputError
 from reamer.domain import Node
 from reamer.models.profiles import Profiles
 
@@ -30,6 +41,11 @@ CGROUP_PREFIX = "reamer-local"
 LOCK_PATH = Path("/run/lock" if Path("/run/lock").is_dir() else tempfile.gettempdir()) / "reamer-local.lock"
 NETNS_PREFIX = "rmrl"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def default_state_dir(scenario: str) -> Path:
+    """Where ``reamer local`` keeps a scenario's run unless told otherwise."""
+    return Path.home() / ".local" / "state" / "reamer" / "local" / scenario
 
 
 def unavailable(root: Path = CGROUP_ROOT) -> str | None:
@@ -92,6 +108,9 @@ class LocalSession:
     cluster: LocalCluster
     inference: LocalInference | None
     swept: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)  # what became of a crashed run's jobs (one line each)
+    state_dir: Path | None = None  # None: a temporary folder, removed at the end
+    finished: bool = False  # set by the caller when every job finished: the state folder may go
 
     def events(self) -> list[tuple[float, str, str]]:
         return sorted(self.cluster.events + (self.inference.events if self.inference else []))
@@ -123,58 +142,170 @@ def run_lock(path: Path = LOCK_PATH) -> Iterator[None]:
         os.close(fd)
 
 
+def stop_crashed(prev: RunState, executor: CgroupExecutor, *, graceful: bool, timeout_s: float = 60.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """The training processes a dead controller left (found by their cgroups, so a reused pid
+    is never hit) leave: with ``graceful``, workers after their current step (SIGTERM), then
+    each PS writes its last checkpoint and exits — waited for up to ``timeout_s``; what is
+    still running after that (or everything, without ``graceful``) the sweep kills."""
+    if not graceful:
+        return
+    cgroups = [(pr.cgroup, pr.role) for j in prev.jobs for pr in j.procs.values()]
+    for cg, role in cgroups:
+        if role == "worker":
+            for pid in executor.procs(cg):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_live(executor.procs(cg)) for cg, _ in cgroups):
+        sleep(0.2)
+
+
+def _live(pids: list[int]) -> bool:
+    """Any of ``pids`` running (a zombie that nobody reaps yet counts as gone)."""
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            return True
+    return False
+
+
 @contextlib.contextmanager
 def open_session(
     sc: LocalScenario,
     profiles: Profiles,
     *,
-    workdir: Path | None = None,
+    state_dir: Path | None = None,
+    fresh: bool = False,
+    keep_state: bool = False,
     cgroup_root: Path = CGROUP_ROOT,
     replica_cpus: list[int] | None = None,
     apparatus_cpus: list[int] | None = None,
     lock_path: Path = LOCK_PATH,
 ) -> Iterator[LocalSession]:
-    """The testbed, cgroups and backends of ``sc``; everything is removed on exit.
-    ``replica_cpus`` pins every inference replica (default: its node's CPUs);
+    """The testbed, cgroups and backends of ``sc``; every process and cgroup is removed on exit.
+    ``state_dir`` holds the run's durable record, checkpoints and logs (None: a temporary
+    folder, removed at the end): a crashed run found there is resumed (``fresh``: discarded),
+    and the folder stays unless the run finished cleanly (``session.finished``) and not
+    ``keep_state``. ``replica_cpus`` pins every inference replica (default: its node's CPUs);
     ``apparatus_cpus`` pins this controller and the load generators away from what is measured.
     The machine's one-run lock is held throughout (:class:`RunLocked` when another run has
     it), so the startup sweep only ever removes what dead runs left."""
-    with run_lock(lock_path), _session(sc, profiles, workdir, cgroup_root, replica_cpus, apparatus_cpus) as s:
+    with run_lock(lock_path), _session(sc, profiles, state_dir, fresh, keep_state, cgroup_root, replica_cpus,
+                                       apparatus_cpus) as s:
         yield s
 
 
+OWN_ENTRIES = (STATE_FILE, "checkpoints", "logs", "endpoints")  # what a run writes in its state folder
+
+
+def _previous(sc: LocalScenario, folder: Path, fresh: bool,
+              executor: CgroupExecutor) -> tuple[RunState | None, list[str]]:
+    """The unfinished run in ``folder`` to resume (its processes stopped) and what became of
+    it; with ``fresh`` it is discarded (the sweep kills its processes) and said so."""
+    try:
+        prev = read_state(folder)
+    except InputError:
+        if not fresh:
+            raise
+        prev = None
+    if prev is None or prev.status == "finished":
+        _clear(folder)
+        return None, []
+    if fresh:
+        _clear(folder)
+        return None, [f"discarded the {_how(prev)} run of {prev.scenario!r} in {folder} (--fresh): "
+                      + ", ".join(f"{j.id} was {j.status}" for j in prev.jobs)]
+    if prev.digest != scenario_digest(_scenario_json(sc)):
+        raise InputError(str(folder / STATE_FILE), "scenario",
+                         f"the unfinished run of scenario {prev.scenario!r} exactly as it was, to resume it "
+                         "(or pass --fresh to discard it)")
+    stop_crashed(prev, executor, graceful=True)
+    return prev, []
+
+
+def _how(prev: RunState) -> str:
+    """How a run ended: one still marked running has a dead controller (we hold the lock)."""
+    return "crashed" if prev.status == "running" else prev.status
+
+
+def _clear(folder: Path) -> None:
+    """Remove what a run wrote in ``folder`` (only that: the folder may be the user's), and the
+    folder when that leaves it empty."""
+    for what in OWN_ENTRIES:
+        target = folder / what
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def _scenario_json(sc: LocalScenario) -> str:
+    return sc.model_dump_json(exclude={"source"})
+
+
 @contextlib.contextmanager
-def _session(sc: LocalScenario, profiles: Profiles, workdir: Path | None, cgroup_root: Path,
-             replica_cpus: list[int] | None, apparatus_cpus: list[int] | None) -> Iterator[LocalSession]:
+def _session(sc: LocalScenario, profiles: Profiles, state_dir: Path | None, fresh: bool, keep_state: bool,
+             cgroup_root: Path, replica_cpus: list[int] | None,
+             apparatus_cpus: list[int] | None) -> Iterator[LocalSession]:
     if apparatus_cpus is not None:
         os.sched_setaffinity(0, set(apparatus_cpus))
+    executor = CgroupExecutor(cgroup_root, prefix=CGROUP_PREFIX, controllers=("cpu", "cpuset"))
+    wd = Path(tempfile.mkdtemp(prefix="reamer-local-")) if state_dir is None else Path(state_dir)
+    prev, said = _previous(sc, wd, fresh, executor) if state_dir is not None else (None, [])
     swept = sweep_leftovers(cgroup_root)
     if swept:
         log.warning("removed leftovers of an earlier run: %s", ", ".join(swept))
-    executor = CgroupExecutor(cgroup_root, prefix=CGROUP_PREFIX, controllers=("cpu", "cpuset"))
-    own_tmp = workdir is None
-    wd = Path(tempfile.mkdtemp(prefix="reamer-local-")) if workdir is None else Path(workdir)
+    record = None
+    if state_dir is not None:
+        record = RunState(scenario=sc.name, digest=scenario_digest(_scenario_json(sc)), controller_pid=os.getpid(),
+                          started_wall=prev.started_wall if prev is not None else time.time())
     testbed = Testbed(len(sc.hosts), prefix=NETNS_PREFIX)
     cluster = inference = None
+    sess = None
+    status = "failed"
     try:
         for i, h in enumerate(sc.hosts):
             if h.link_mbit is not None:
                 testbed.set_bandwidth(i, h.link_mbit)
         cluster = LocalCluster(local_nodes(sc), sc.training_jobs(), executor=executor, testbed=testbed, workdir=wd,
-                               seed=sc.seed)
+                               seed=sc.seed, record=record,
+                               t_offset=time.time() - record.started_wall if record is not None else 0.0)
+        if prev is not None:
+            resumed = cluster.resume(prev)
+            said = [f"resumed the {_how(prev)} run of {prev.scenario!r} in {wd}: "
+                    + ("; ".join(resumed) or "no job was running")]
+        for line in said:
+            log.warning("%s", line)
+        cluster.persist()
         if sc.services:
             inference = LocalInference(cluster, local_services(sc), executor=executor, workdir=wd,
                                        profiles=profiles.inference, system_reserve_cores=sc.system_reserve_cores,
                                        seed=sc.seed, replica_cpus=replica_cpus, load_cpus=apparatus_cpus)
-        yield LocalSession(cluster, inference, swept)
+        sess = LocalSession(cluster, inference, swept, said, state_dir)
+        yield sess
+        status = "finished" if sess.finished else "interrupted"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
     finally:
-        for backend in (inference, cluster):
-            if backend is not None:
-                backend.close()
+        if inference is not None:
+            inference.close()
+        if cluster is not None:
+            cluster.close(checkpoint=record is not None and status != "finished")
         try:
             testbed.close()
         except NetnsError:
             pass
         executor.sweep(kill=True)
-        if own_tmp:
+        if state_dir is None:
             shutil.rmtree(wd, ignore_errors=True)
+        elif status == "finished" and not keep_state:
+            _clear(wd)
+        else:
+            set_status(wd, status)  # type: ignore[arg-type]

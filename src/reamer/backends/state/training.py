@@ -163,12 +163,15 @@ class ClusterState:
 
     def restore(self, spec: TrainingJob, containers: Sequence[Container], *, next_id: int, queued_since: float,
                 queue_s: float = 0.0, started_s: float | None = None, last_change_s: float | None = None,
-                reconfigs: int = 0, force: bool = False) -> JobRecord:
+                reconfigs: int = 0, force: bool = False, finished_s: float | None = None) -> JobRecord:
         """Book a job as a durable record describes it (a controller rebuilding its state from
-        the cluster after a restart): queued when ``containers`` is empty, else running on
-        them. The containers must fit, as when they were decided — unless ``force``: what runs
-        is booked even where a node is now overcommitted (its free capacity goes negative, so
-        nothing new is placed there)."""
+        the cluster after a restart): done at ``finished_s`` when given (``containers`` must
+        then be empty), else queued when ``containers`` is empty, else running on them. The
+        containers must fit, as when they were decided — unless ``force``: what runs is booked
+        even where a node is now overcommitted (its free capacity goes negative, so nothing
+        new is placed there)."""
+        if finished_s is not None and containers:
+            raise InvalidDecision(f"restore {spec.id}: a finished job holds no containers")
         need: dict[str, Resources] = {}
         for c in containers:  # validated before anything is booked: a refusal changes nothing
             self._check_placement(Placement(c.role, c.node, c.res))
@@ -178,6 +181,9 @@ class ClusterState:
                 raise InvalidDecision(f"restore {spec.id}: {res} does not fit on {node} (free {self.free[node]})")
         rec = self.submit(spec, queued_since)
         rec.queue_s, rec.started_s, rec.last_change_s, rec.reconfigs = queue_s, started_s, last_change_s, reconfigs
+        if finished_s is not None:
+            del self.queue[spec.id]
+            rec.state, rec.finished_s = JobState.DONE, finished_s
         if containers:
             for c in containers:
                 self._book(rec, c)
