@@ -76,7 +76,10 @@ class World:
         class Proc:
             lines: list = []
 
+            pid, telemetry = 0, log.with_suffix(".jsonl")
+
             def __init__(self):
+                self.cgroup = cgroup
                 self.lines, self.live, self.step = [], True, world.version
                 self.target = int(args[args.index("--steps") + 1]) if role == "worker" else None
                 if role == "worker":
@@ -225,3 +228,38 @@ def test_a_dead_worker_restarts_the_job_from_its_checkpoint_until_it_is_given_up
             assert c.runs["j"].procs  # started again
     assert c.state.jobs["j"].state is JobState.DONE and "gave up after 3 restarts" in c.failed_jobs["j"]
     assert len(c.failures) == 4
+
+
+def test_a_crashed_runs_record_resumes_its_job_on_the_same_shape_from_the_checkpoint(world, tmp_path):
+    """The durable record (run.json) a controller keeps: a new controller rebuilds the shared
+    state from it, relaunches the job on its recorded containers from the checkpoint, counts
+    the steps reported beyond the checkpoint as lost, and banks only what the checkpoint holds."""
+    from reamer.backends.local.runstate import RunState, read_state
+
+    c = world.cluster
+    c.record = RunState(scenario="t", digest="d", controller_pid=1, started_wall=0.0)
+    for w in world.workers:
+        w.run(25)
+    c.observe(1.0)
+    ckpt = tmp_path / "checkpoints" / "j"
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text(json.dumps({"shards": 1, "step": 20}))
+    world.version = 20
+    prev = read_state(tmp_path)
+    assert [j.status for j in prev.jobs] == ["running"] and len(prev.jobs[0].procs) == 3
+    for rec in prev.jobs[0].procs.values():  # what the (dead) workers wrote to their telemetry files
+        if rec.role == "worker":
+            Path(rec.telemetry).parent.mkdir(parents=True, exist_ok=True)
+            Path(rec.telemetry).write_text('{"event": "connected"}\n{"event": "interval", "step": 25}\n')
+    world.ops.clear()
+    new = lc.LocalCluster(c.local.values(), [c.state.jobs["j"].spec], executor=Executor(world.ops),
+                          testbed=Testbed(), workdir=tmp_path, clock=lambda: 0.0, record=c.record)
+    said = new.resume(prev)
+    assert said == ["j: from the checkpoint at step 20 (its workers had reached step 25)"]
+    assert {cid: x.node for cid, x in new.state.jobs["j"].containers.items()} == \
+        {cid: x.node for cid, x in c.state.jobs["j"].containers.items()}
+    view = new.observe(2.0)
+    assert _spawned(world) == [("j.ps0", True), ("j.worker1", False), ("j.worker2", False)]
+    assert [(f[1], f[2], f[3]) for f in new.failures] == [("j", "controller restarted", 5)]
+    assert view.running[0].samples_done == 400  # 20 steps × 2 workers × batch 10: the checkpoint's
+    assert [w.target for w in world.workers[-2:]] == [20 + 30, 20 + 30]  # the 600 samples left

@@ -393,9 +393,10 @@ class LocalCluster:
         run, j = self.runs[jid], self.state.jobs[jid]
         workers = sum(1 for c in j.containers.values() if c.role is Role.WORKER)
         t = self.clock()
-        self._launch(j)
-        lost = max(0, run.reached - run.start_step)
+        ckpt = read_manifest(self._ckpt(j))  # where the PS will resume: the work to do is counted from it
+        lost = max(0, run.reached - (ckpt[1] if ckpt else 0))
         run.samples_base = max(0.0, run.samples_base - lost * j.spec.batch * workers)
+        self._launch(j)
         if reason:
             self.failures.append((now, jid, reason, lost))
         elif self.failures:
