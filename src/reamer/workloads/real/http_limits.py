@@ -31,7 +31,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 class RequestError(Exception):
     """A request the server answers with ``status`` and ``{"error": message}`` (``close``: the
-    connection is closed after the answer, its unread body being of no further use)."""
+    connection is closed after the answer). Without ``close`` an unread rest of the body is
+    read and discarded (uvicorn drops body data that arrives after the response), for at most
+    the head timeout, which the response re-arms: closing a socket with unread data makes
+    the kernel send a reset, and a client still sending its body would lose the answer."""
 
     def __init__(self, status: int, message: str, *, close: bool = False, headers: dict[str, str] | None = None):
         super().__init__(message)
@@ -84,7 +87,8 @@ def protocol_class(head_timeout_s: float) -> type[H11Protocol]:
 
         def send_400_response(self, msg: str) -> None:  # a request h11 cannot parse: JSON like every error
             body = json.dumps({"error": f"{msg} (not HTTP/1.1, or a head over the size limit)"}).encode()
-            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
             for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
                           h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event) or b"")
@@ -102,14 +106,14 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
         if not cl.isdigit():
             raise RequestError(400, f"Content-Length: expected a number of bytes, got {cl[:40]!r}", close=True)
         if int(cl) > limit:
-            raise RequestError(413, f"body of {int(cl)} bytes exceeds the limit of {limit} bytes", close=True)
+            raise RequestError(413, f"body of {int(cl)} bytes exceeds the limit of {limit} bytes")
     buf = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in request.stream():
                 buf += chunk
                 if len(buf) > limit:
-                    raise RequestError(413, f"body exceeds the limit of {limit} bytes", close=True)
+                    raise RequestError(413, f"body exceeds the limit of {limit} bytes")
     except TimeoutError:
         raise RequestError(408, f"body not received within {timeout_s:g} s ({len(buf)} bytes read)",
                            close=True) from None

@@ -230,7 +230,7 @@ class InferenceApp:
             ctype = request.headers.get("content-type", "application/octet-stream").split(";")[0].strip().lower()
             if ctype not in ("application/octet-stream", "application/json"):
                 raise RequestError(415, f"Content-Type: expected application/octet-stream or application/json, "
-                                        f"got {ctype[:60]!r}", close=True)
+                                        f"got {ctype[:60]!r}")
             limit = self.octet_limit if ctype == "application/octet-stream" else self.limits.max_body_bytes
             body = await read_body(request, limit, self.limits.body_timeout_s)
             x = decode_inputs(body, ctype, self.sample_len, self.batcher.max_batch)
