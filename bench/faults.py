@@ -6,17 +6,20 @@ what each costs against a fault-free reference of the same scenario.
 Two scenarios, each run once without a fault (``none``) and once per fault:
 
 * **training**: one PS job (resnet_narrow, 8,000 samples, 1 PS + 1 worker on 1 core each),
-  ``static`` policy; faults ``kill_worker`` / ``kill_ps`` (SIGKILL 6 s in);
+  ``static`` policy; faults ``kill_worker`` / ``kill_ps`` (SIGKILL 6 s in) and
+  ``kill_controller`` (``reamer local`` with a state folder, SIGKILL 6 s in, the same command
+  again 1 s later, as a supervisor restarts a crashed service);
 * **inference**: one replica of vgg_cifar at 10 req/s (SLO 250 ms, 5 s windows) harvested by
   ``reamer`` beside a tiny job; faults ``kill_replica`` (SIGKILL 15 s in) and ``stop_replica``
   (SIGSTOP 15 s in, SIGCONT 10 s later).
 
 Metrics per run: ``recovery_s`` (training: from the fault being noticed, the next round, to
-the job running again from its checkpoint; inference: the outage its clients saw, failed
-requests ÷ offered rate), ``steps_lost`` (steps the workers had reported before the fault
-that were trained again after the restart), ``requests_failed``, ``slo_windows_missed``,
-``job_finished`` (1/0). ``kill_controller`` is not measured: a real run does not yet resume after its controller
-is killed (the next run sweeps the leftovers and starts its jobs from step 0).
+the job running again from its checkpoint; ``kill_controller``: from the restart of the
+controller to the job running again — the crashed run's workloads leaving cleanly, the
+sweep, the relaunch; inference: the outage its clients saw, failed requests ÷ offered rate),
+``steps_lost`` (steps the workers had reported before the fault that were trained again after
+the restart), ``requests_failed``, ``slo_windows_missed``, ``job_finished`` (1/0); ``wall_s``
+is the run's time from its first start to its end (for ``kill_controller``, both controllers').
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ import argparse
 import contextlib
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+import yaml
 
 from reamer.backends.local import session
 from reamer.config.local import parse_local
@@ -59,6 +66,7 @@ FAULTS = {  # fault -> (scenario, process to hit, signal, seconds in)
     "kill_ps": (TRAINING, b"ps_training\x00ps\x00", signal.SIGKILL, 6.0),
     "kill_replica": (INFERENCE, b"inference_server", signal.SIGKILL, 15.0),
     "stop_replica": (INFERENCE, b"inference_server", signal.SIGSTOP, 15.0),
+    "kill_controller": (TRAINING, b"", signal.SIGKILL, 6.0),  # the controller itself: see run_kill_controller
 }
 
 
@@ -110,6 +118,36 @@ def run_one(fault: str, sc: dict) -> dict[str, float]:
             "wall_s": res.wall_s}
 
 
+def run_kill_controller(sc: dict, after_s: float = 6.0, restart_after_s: float = 1.0) -> dict[str, float]:
+    """``reamer local`` killed with SIGKILL ``after_s`` in, then resumed in this process from its
+    state folder ``restart_after_s`` later."""
+    from reamer.backends.local.runstate import read_state
+
+    with tempfile.TemporaryDirectory(prefix="reamer-faults-") as tmp:
+        state, path = Path(tmp) / "state", Path(tmp) / "sc.yaml"
+        path.write_text(yaml.safe_dump(sc))
+        t0 = time.monotonic()
+        p = subprocess.Popen([sys.executable, "-m", "reamer.cli.main", "local", str(path), "--state-dir", str(state),
+                              "--report", str(Path(tmp) / "r.html")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        time.sleep(after_s)
+        if p.poll() is not None:
+            raise RuntimeError(f"the controller exited (code {p.returncode}) before the fault")
+        p.kill()
+        p.wait()
+        hit = time.monotonic() - t0
+        started_wall = read_state(state).started_wall  # type: ignore[union-attr]
+        time.sleep(restart_after_s)
+        t_restart = time.time()
+        run = run_scenario(parse_local(sc, "bench/faults.py"), load_profiles(None), state_dir=state)
+    res = run.result
+    resumed = [t for t, _, what in run.events if what.startswith("restarted from step")]
+    nan = float("nan")
+    recovery = started_wall + resumed[0] - t_restart + res.restarts_s[0] if resumed and res.restarts_s else nan
+    return {"recovery_s": recovery, "steps_lost": float(sum(f[3] for f in res.failures)), "requests_failed": 0.0,
+            "slo_windows_missed": 0.0, "job_finished": float(res.unfinished == 0 and not res.failed_jobs),
+            "fault_at_s": hit, "wall_s": time.time() - started_wall}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", dest="json_out", help="write results here")
@@ -124,7 +162,7 @@ def main() -> int:
     for sc in scenarios.values():
         for fault in ["none", *(f for f in args.faults if FAULTS[f][0] is sc)]:
             print(f"{sc['name']}: {fault} ...", file=sys.stderr, flush=True)
-            m = run_one(fault, sc)
+            m = run_kill_controller(sc) if fault == "kill_controller" else run_one(fault, sc)
             print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items()),
                   file=sys.stderr, flush=True)
             runs.append(run_entry(sc["name"], sc["seed"], sc["policy"]["training"], m, {"fault": fault}))

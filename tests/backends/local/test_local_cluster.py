@@ -98,6 +98,9 @@ class World:
             def since(self, i):
                 return self.lines[i:]
 
+            def last_seen(self):
+                return self.lines[-1].t if self.lines else None
+
             def alive(self):
                 return self.live
 
@@ -263,3 +266,22 @@ def test_a_crashed_runs_record_resumes_its_job_on_the_same_shape_from_the_checkp
     assert [(f[1], f[2], f[3]) for f in new.failures] == [("j", "controller restarted", 5)]
     assert view.running[0].samples_done == 400  # 20 steps × 2 workers × batch 10: the checkpoint's
     assert [w.target for w in world.workers[-2:]] == [20 + 30, 20 + 30]  # the 600 samples left
+
+
+def test_a_worker_that_stops_reporting_is_killed_and_the_job_restarts(world):
+    """A worker alive but silent for ``hung_after_s`` (SIGSTOP, a deadlock) is hung: it is killed
+    and the job restarts from its checkpoint, as for one that exited."""
+    c = world.cluster
+    now = [100.0]
+    c.clock = lambda: now[0]
+    for w in world.workers:
+        w.run(10)
+        w.lines[-1] = Line(100.0, w.lines[-1].obj)
+    c.observe(1.0)
+    assert not c.failures  # reported just now
+    world.workers[0].lines[-1] = Line(100.0 + c.hung_after_s + 1, world.workers[0].lines[-1].obj)  # still reporting
+    now[0] = 100.0 + c.hung_after_s + 2
+    world.ops.clear()
+    c.observe(2.0)
+    assert [(f[1], f[2]) for f in c.failures] == [("j", f"j/worker2 stopped reporting for {c.hung_after_s:g} s")]
+    assert _spawned(world) == [("j.ps0", True), ("j.worker1", False), ("j.worker2", False)]

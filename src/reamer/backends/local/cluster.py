@@ -99,6 +99,7 @@ class LocalCluster:
         restart_backoff_s: float = 2.0,
         record: RunState | None = None,
         t_offset: float = 0.0,
+        hung_after_s: float = 30.0,
     ):
         self.local = {n.node.name: n for n in nodes}
         self.state = ClusterState([n.node for n in nodes], {n.node.name: n.cpus for n in nodes})
@@ -122,6 +123,8 @@ class LocalCluster:
         self.failed_jobs: dict[str, str] = {}  # job -> why it was given up
         self._retry_at: dict[str, float] = {}  # job -> when its next restart is due (back-off)
         self.restart_count: dict[str, int] = {}  # job -> restarts after a process died
+        # a worker silent this long is hung: Kubernetes' liveness-probe defaults (every 10 s, 3 failures)
+        self.hung_after_s = hung_after_s
         self._resume: dict[str, str] = {}  # job -> why it is relaunched from its checkpoint at the next observe
         self._reconcile: set[str] = set()  # jobs whose last actuation failed
         self.events: list[tuple[float, str, str]] = []  # (t, job, what) for the report
@@ -369,9 +372,13 @@ class LocalCluster:
             self._relaunch(jid, now, "")
             return
         dead = sorted(cid for cid, p in run.procs.items() if not p.alive())
-        if not dead or self._collect(run):
+        hung = sorted(cid for cid, p in run.procs.items() if cid not in dead and self._hung(j, cid, p))
+        if (not dead and not hung) or self._collect(run):
             return
-        reason = f"{', '.join(dead)} exited"
+        for cid in hung:  # a stopped or deadlocked worker cannot checkpoint or leave: it is killed
+            run.procs[cid].kill()
+        reason = "; ".join([f"{', '.join(dead)} exited"] * bool(dead)
+                           + [f"{', '.join(hung)} stopped reporting for {self.hung_after_s:g} s"] * bool(hung))
         log.warning("job %s: %s before the job was done", jid, reason)
         self._stop(jid, [cid for cid in run.procs if cid in j.containers and j.containers[cid].role is Role.WORKER])
         n = self.restart_count.get(jid, 0)
@@ -387,6 +394,14 @@ class LocalCluster:
         else:
             self._retry_at[jid] = now + self.restart_backoff_s * 2 ** (n - 1)
             self.failures.append((now, jid, reason, 0))
+
+    def _hung(self, j: JobRecord, cid: str, p: Proc) -> bool:
+        """A worker whose last telemetry line (it reports every ``report_every_s`` steps-worth of
+        time) is older than ``hung_after_s``."""
+        if j.containers[cid].role is not Role.WORKER:
+            return False
+        seen = p.last_seen()
+        return seen is not None and self.clock() - seen > self.hung_after_s
 
     def _relaunch(self, jid: str, now: float, reason: str) -> None:
         """Start the job again from its latest complete checkpoint; the steps after it are lost."""

@@ -149,6 +149,11 @@ class Proc:
         with self._cond:
             self._cond.notify_all()
 
+    def last_seen(self) -> float | None:
+        """clock() when its last telemetry line arrived; None before the first."""
+        with self._lock:
+            return self.lines[-1].t if self.lines else None
+
     def since(self, index: int) -> list[Line]:
         with self._lock:
             return self.lines[index:]
