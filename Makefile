@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test setup clean bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-lock.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -c requirements-lock.txt -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
