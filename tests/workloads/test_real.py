@@ -24,7 +24,12 @@ import pytest
 from reamer.workloads.real import loadgen
 from reamer.workloads.real import ps_training as ps
 from reamer.workloads.real.admission import Batcher, Served, ServiceTimes, Shed
-from reamer.workloads.real.serving_metrics import ServerMetrics, fetch_metrics, parse_metrics, served_stats
+from reamer.workloads.real.serving_metrics import (
+    ServerMetrics,
+    fetch_metrics,
+    parse_metrics,
+    served_stats,
+)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -366,6 +371,21 @@ def test_batcher_sheds_what_would_miss_its_deadline_and_drops_what_expired_in_th
     finally:
         b.stop()
     assert isinstance(b.admit(x, time.monotonic() + 30.0), Shed)  # stopping
+
+
+def test_the_admission_margin_is_the_p99_of_how_late_answers_were(tmp_path):
+    from reamer.workloads.real.admission import MARGIN_EVERY
+
+    b = Batcher(_doubler(tmp_path), max_batch=4, max_wait_ms=0, max_queue_samples=8)
+    b.warm_up((3, 2, 2))
+    assert b.margin_s == 0.0
+    now = time.monotonic()
+    for k in range(MARGIN_EVERY):  # 1% answered 0.3 s late, the rest 10 ms
+        b.answered(Served(np.zeros((1, 12), np.float32), 1, now), now + (0.3 if k == 0 else 0.01))
+    assert b.margin_s == pytest.approx(0.01 + 0.29 * 0.01, rel=0.05)  # numpy's linear p99 of the window
+    x = np.ones((1, 3, 2, 2), dtype=np.float32)
+    assert isinstance(b.admit(x, time.monotonic() + 0.005), Shed)  # the margin alone does not fit
+    assert not isinstance(b.admit(x, time.monotonic() + 1.0), Shed)
 
 
 def test_service_times_interpolate_between_measured_batch_sizes():

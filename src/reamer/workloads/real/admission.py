@@ -18,19 +18,24 @@ Admission (:meth:`Batcher.admit`, called on the event loop; nothing blocks there
   (``expired``), not computed: its client has given up.
 
 Service times: per batch size an exponentially weighted moving average of the measured wall
-time of ``session.run`` (what the batch really took on this replica's CPU share, with the
-HTTP work of the event loop competing for the same cores), seeded at start by
+time of a batch from the moment it is taken to the moment its results are handed back
+(``session.run`` and the batcher's own Python work, on this replica's CPU share, with the
+event loop competing for the same cores and the GIL: under overload on one core that is a
+third more than ``session.run`` alone, bench/overload.py), seeded at start by
 :meth:`Batcher.warm_up` (sizes 1 and ``max_batch``) and interpolated linearly between measured
 sizes. ``EWMA_ALPHA`` = 0.1: the average follows a change (a CPU quota resize) within about
 ten batches, tens of milliseconds to a second at the rates served here.
 
-Results go back as :class:`concurrent.futures.Future` objects (the server awaits them with
-``asyncio.wrap_future``, which hands the result to the event loop with
-``call_soon_threadsafe``).
+Results: a request admitted from a running asyncio event loop gets an ``asyncio.Future`` of
+that loop, and the batcher hands a whole batch's results back with one
+``loop.call_soon_threadsafe`` (one wake-up of the loop and one GIL hand-over per batch, not
+one per request: with one per request, the batcher thread waited for the GIL up to eight
+times a batch under load); otherwise a :class:`concurrent.futures.Future`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -44,6 +49,12 @@ from typing import Any
 import numpy as np
 
 EWMA_ALPHA = 0.1
+# Admission margin: the 99th percentile (the quantile the SLOs here judge) of how much later
+# than predicted the last MARGIN_WINDOW served requests were answered, recomputed every
+# MARGIN_EVERY answers (about 3 s and 0.3 s at the ~300 requests/s of bench/overload.py)
+MARGIN_QUANTILE = 99.0
+MARGIN_WINDOW = 1000
+MARGIN_EVERY = 100
 log = logging.getLogger(__name__)
 
 
@@ -59,10 +70,12 @@ class Shed:
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """A computed request: its rows of the batch output and the size of that batch."""
+    """A computed request: its rows of the batch output, the size of that batch and when it
+    was predicted at admission to be answered (on the batcher's clock)."""
 
     out: np.ndarray
     batch: int
+    predicted: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +122,40 @@ class ServiceTimes:
 
 
 class _Pending:
-    __slots__ = ("x", "n", "deadline", "future")
+    __slots__ = ("deadline", "future", "loop", "n", "predicted", "x")
 
-    def __init__(self, x: np.ndarray, deadline: float):
-        self.x, self.n, self.deadline = x, len(x), deadline
-        self.future: Future[Outcome] = Future()
+    def __init__(self, x: np.ndarray, deadline: float, predicted: float):
+        self.x, self.n, self.deadline, self.predicted = x, len(x), deadline, predicted
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+        self.future: Future[Outcome] | asyncio.Future[Outcome] = (
+            Future() if self.loop is None else self.loop.create_future())
+
+
+def _resolve(done: list[tuple[_Pending, Outcome]]) -> None:
+    """Set each result (on the futures' event loop, or any thread for concurrent ones)."""
+    for p, outcome in done:
+        if not p.future.done():  # an asyncio future can have been cancelled (client gone)
+            p.future.set_result(outcome)
+
+
+def _deliver(done: list[tuple[_Pending, Outcome]]) -> None:
+    """Hand results back: one ``call_soon_threadsafe`` per event loop, the rest directly."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Outcome]]] = {}
+    direct = []
+    for p, outcome in done:
+        if p.loop is None:
+            direct.append((p, outcome))
+        else:
+            by_loop.setdefault(p.loop, []).append((p, outcome))
+    _resolve(direct)
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, items)
+        except RuntimeError:  # the loop closed: nobody waits for these any more
+            pass
 
 
 class Batcher:
@@ -139,6 +181,9 @@ class Batcher:
         self.q: deque[_Pending] = deque()
         self.queued = 0  # samples in q
         self.running: tuple[float, int] | None = None  # (started, samples) of the batch being run
+        self.late: deque[float] = deque(maxlen=MARGIN_WINDOW)  # answered − predicted, seconds
+        self.margin_s = 0.0
+        self._since_margin = 0
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
 
@@ -169,8 +214,7 @@ class Batcher:
             self.queued = 0
             self._gauges()
             self.cv.notify_all()
-        for p in left:
-            self._shed(p, "stopping", 0.0)
+        _deliver([(p, Shed("stopping", 0.0, 1.0)) for p in left])
         if self.thread.is_alive():
             self.thread.join(timeout=timeout_s)
 
@@ -191,24 +235,50 @@ class Batcher:
             w += self.max_wait_s  # it would start a batch that may wait to fill
         return w
 
-    def admit(self, x: np.ndarray, deadline: float) -> Future[Outcome] | Shed:
+    def answered(self, served: Served, at: float | None = None) -> None:
+        """A served request's answer is ready (call it from where the answer is sent): how late
+        against its prediction feeds the admission margin."""
+        self.late.append((self.clock() if at is None else at) - served.predicted)
+        self._since_margin += 1
+        if self._since_margin >= MARGIN_EVERY:
+            self._since_margin = 0
+            margin = max(0.0, float(np.percentile(np.fromiter(self.late, float), MARGIN_QUANTILE)))
+            with self.cv:
+                self.margin_s = margin
+            if self.metrics is not None:
+                self.metrics.margin.set(margin)
+
+    def _refuse(self, now: float, n: int, deadline: float) -> Shed | None:
+        if self.stopping:
+            return Shed("stopping", 0.0, 1.0)
+        wait = self._expected_wait(now, n) + self.margin_s
+        if self.queued + n > self.max_queue_samples:
+            # room frees at the rate batches complete
+            excess = self.queued + n - self.max_queue_samples
+            return Shed("queue_full", wait, math.ceil(excess / self.max_batch) * self.times.estimate(self.max_batch))
+        if now + wait > deadline:
+            return Shed("deadline", wait, max(0.0, now + wait - deadline))
+        return None
+
+    def refuse(self, n: int, deadline: float) -> Shed | None:
+        """What :meth:`admit` would answer a request of ``n`` samples now if it sheds it (None:
+        it would queue it): lets the server shed before it reads the body."""
+        with self.cv:
+            return self._refuse(self.clock(), n, deadline)
+
+    def admit(self, x: np.ndarray, deadline: float) -> Future[Outcome] | asyncio.Future[Outcome] | Shed:
         """Queue ``x`` (``n`` samples, ``1 <= n <= max_batch``) to be answered by ``deadline``
-        (on :attr:`clock`), or say why not (never blocks)."""
+        (on :attr:`clock`), or say why not (never blocks). Called from an event loop, the
+        future is that loop's."""
         n = len(x)
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"samples per request: expected 1..{self.max_batch}, got {n}")
         now = self.clock()
         with self.cv:
-            if self.stopping:
-                return Shed("stopping", 0.0, 1.0)
-            wait = self._expected_wait(now, n)
-            if self.queued + n > self.max_queue_samples:
-                # room frees at the rate batches complete
-                excess = self.queued + n - self.max_queue_samples
-                return Shed("queue_full", wait, math.ceil(excess / self.max_batch) * self.times.estimate(self.max_batch))
-            if now + wait > deadline:
-                return Shed("deadline", wait, max(0.0, now + wait - deadline))
-            p = _Pending(x, deadline)
+            shed = self._refuse(now, n, deadline)
+            if shed is not None:
+                return shed
+            p = _Pending(x, deadline, now + self._expected_wait(now, n))
             self.q.append(p)
             self.queued += n
             self._gauges()
@@ -240,8 +310,14 @@ class Batcher:
         return items, expired, n
 
     def _loop(self) -> None:
+        # a batch's service time: from its take to the next take when the batcher went straight
+        # on (all it did in between counts), else to the hand-back of its results
+        last: tuple[float, int] | None = None  # (taken, samples) of the batch whose time is pending
         while True:
             with self.cv:
+                if last is not None and not self.q:  # it will idle: the last batch ended at its hand-back
+                    self.times.observe(last[1], time.perf_counter() - last[0])
+                    last = None
                 while not self.q and not self.stopping:
                     self.cv.wait()
                 if self.stopping:
@@ -254,16 +330,21 @@ class Batcher:
                     self.cv.wait(left)
                 if self.stopping:
                     return
+                taken = time.perf_counter()
+                if last is not None:
+                    self.times.observe(last[1], taken - last[0])
+                    last = None
                 items, expired, n = self._take(self.clock())
-            for p in expired:
-                self._shed(p, "expired", 0.0)
+            done: list[tuple[_Pending, Outcome]] = [(p, Shed("expired", 0.0, 1.0)) for p in expired]
             if items:
-                self._run(items, n)
+                done += self._run(items, n)
+            _deliver(done)
+            if items:
+                with self.cv:
+                    self.running = None
+                last = (taken, n)
 
-    def _shed(self, p: _Pending, reason: str, wait: float) -> None:
-        p.future.set_result(Shed(reason, wait, 1.0))
-
-    def _run(self, items: list[_Pending], n: int) -> None:
+    def _run(self, items: list[_Pending], n: int) -> list[tuple[_Pending, Outcome]]:
         try:
             x = items[0].x if len(items) == 1 else np.concatenate([p.x for p in items])
             t0 = time.perf_counter()
@@ -271,19 +352,14 @@ class Batcher:
             dt = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - reported to every waiting request
             log.exception("session.run of a batch of %d failed", n)
-            with self.cv:
-                self.running = None
-            for p in items:
-                p.future.set_result(Failed(f"{type(e).__name__}: {e}"))
-            return
-        with self.cv:
-            self.running = None
-            self.times.observe(n, dt)
+            return [(p, Failed(f"{type(e).__name__}: {e}")) for p in items]
         if self.metrics is not None:
             self.metrics.run_s.observe(dt)
             self.metrics.batch.observe(n)
             self.metrics.samples.inc(n)
+        done: list[tuple[_Pending, Outcome]] = []
         i = 0
         for p in items:
-            p.future.set_result(Served(out[i : i + p.n], n))
+            done.append((p, Served(out[i : i + p.n], n, p.predicted)))
             i += p.n
+        return done

@@ -13,7 +13,8 @@ Names (what :mod:`reamer.backends.k8s.telemetry` and the benchmarks read):
   ``reamer_infer_run_seconds`` (``session.run`` per batch);
 - gauges ``reamer_infer_queue_depth`` (requests waiting), ``reamer_infer_queue_samples``,
   ``reamer_infer_expected_wait_seconds`` (of a one-sample request arriving now),
-  ``reamer_infer_batch_service_seconds`` (the measured service time of a full batch) and the
+  ``reamer_infer_batch_service_seconds`` (the measured service time of a full batch),
+  ``reamer_infer_admission_margin_seconds`` (added to every expected wait) and the
   configuration: ``reamer_infer_threads``, ``reamer_infer_max_batch``,
   ``reamer_infer_max_wait_seconds``, ``reamer_infer_deadline_seconds`` (the default deadline),
   ``reamer_infer_max_queue_samples``, ``reamer_infer_max_body_bytes``.
@@ -24,7 +25,13 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -59,6 +66,9 @@ class ServerMetrics:
         self.queue_samples = Gauge("reamer_infer_queue_samples", "Samples waiting for the batcher.", registry=r)
         self.expected_wait = Gauge("reamer_infer_expected_wait_seconds",
                                    "Expected time to answer a one-sample request arriving now.", registry=r)
+        self.margin = Gauge("reamer_infer_admission_margin_seconds",
+                            "Admission margin: p99 of how much later than predicted requests were answered.",
+                            registry=r)
         self.batch_service = Gauge("reamer_infer_batch_service_seconds",
                                    "Measured (EWMA) session.run time of a batch of max_batch samples.", registry=r)
         for name, help_text, value in (
