@@ -232,7 +232,7 @@ class LocalCluster:
                 continue
             finished = False
             for ln in run.procs[cid].since(0):
-                if "step" in ln.obj and ln.obj.get("event") in ("interval", "done", "stopped"):
+                if "step" in ln.obj and ln.obj.get("event") in ("interval", "done", "stopped", "error"):
                     run.progress[cid] = max(run.progress.get(cid, run.start_step), int(ln.obj["step"]))
                 finished |= ln.obj.get("event") == "done"
             done &= finished
@@ -555,6 +555,6 @@ def _reached(telemetry: Path) -> int | None:
     for obj in read_telemetry(telemetry):
         if obj.get("event") == "connected":
             step = None
-        elif "step" in obj and obj.get("event") in ("interval", "done", "stopped"):
+        elif "step" in obj and obj.get("event") in ("interval", "done", "stopped", "error"):
             step = max(step or 0, int(obj["step"]))
     return step

@@ -654,7 +654,7 @@ class Worker:
         pool_batches = [
             synthetic_batch(self.batch, seed=self.seed * 1_000_003 + self.worker_id * 1009 + i) for i in range(16)
         ]
-        start = self.start_step
+        start = self.steps_done = self.start_step
         self.pull(start)
         loss0 = self.eval_loss()
         t_start = time.perf_counter()
@@ -687,7 +687,7 @@ class Worker:
             tot_comm += comm
             tot_compute += compute
             win["steps"] += 1
-            last = step + 1
+            last = self.steps_done = step + 1
             if on_step is not None:
                 on_step(self.batch)
             now = time.perf_counter()
@@ -847,7 +847,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (ProtocolError, ConnectionError, OSError) as e:
-        emit({"role": "worker", "event": "error", "worker": a.worker_id, "error": str(e)})
+        emit({"role": "worker", "event": "error", "worker": a.worker_id, "error": str(e),
+              "step": getattr(worker, "steps_done", worker.start_step)})  # the steps it completed: what a restart loses
         return 1
     finally:
         worker.close()
