@@ -29,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
+import httptools
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -56,9 +58,17 @@ class RequestError(Exception):
         self.headers = headers or {}
 
 
-def protocol_class(head_timeout_s: float, max_head_bytes: int = MAX_HEAD_BYTES) -> type[HttpToolsProtocol]:
+EarlyAnswer = Callable[[bytes, bytes, list[tuple[bytes, bytes]], float], bytes | None]
+
+
+def protocol_class(head_timeout_s: float, max_head_bytes: int = MAX_HEAD_BYTES,
+                   early: EarlyAnswer | None = None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a deadline and a size limit for each request head
-    (module docstring)."""
+    (module docstring). ``early(method, path, headers, received_at)`` may answer a request
+    from its head alone: the raw HTTP response it returns is written at once (it must say
+    ``connection: close``), the body is read and dropped (for at most ``head_timeout_s``) and
+    the connection closed after it; the ASGI app never sees the request (what costs least
+    for a request that is refused anyway)."""
     if not head_timeout_s > 0 or max_head_bytes < 1:
         raise ValueError(f"expected head_timeout_s > 0 and max_head_bytes >= 1, got {head_timeout_s!r}, {max_head_bytes!r}")
 
@@ -66,6 +76,7 @@ def protocol_class(head_timeout_s: float, max_head_bytes: int = MAX_HEAD_BYTES) 
         _head_timer: asyncio.TimerHandle | None = None
         _head_bytes = 0  # received since the last head completed (or the connection opened)
         _in_body = False  # between a head's end and its message's end
+        _dropping = False  # the body of a request answered early: read, not kept
 
         def _in_request(self) -> bool:  # a head arrived and its response is not complete
             return self.cycle is not None and not self.cycle.response_complete
@@ -105,10 +116,25 @@ def protocol_class(head_timeout_s: float, max_head_bytes: int = MAX_HEAD_BYTES) 
         def on_headers_complete(self) -> None:
             self._disarm_head()
             self._head_bytes, self._in_body = 0, True
+            if early is not None and not self._in_request() and not self.pipeline:
+                raw = early(self.parser.get_method(), httptools.parse_url(self.url).path, self.headers,
+                            self.scope[RECEIVED_AT])  # type: ignore[typeddict-item]
+                if raw is not None:
+                    self.transport.write(raw)
+                    self._dropping = True
+                    self._arm_head()  # bounds the wait for the rest of the body
+                    return
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._dropping:
+                super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._in_body = False
+            if self._dropping:  # the whole request read: closing now sends no reset
+                self.transport.close()
+                return
             super().on_message_complete()
 
         def on_response_complete(self) -> None:

@@ -188,11 +188,12 @@ def _deadline_s(header: str | None, default_s: float) -> float:
 
 # --------------------------------------------------------------------------- HTTP app
 class InferenceApp:
-    """The ASGI app around one batcher: ``POST /infer`` requests that admission would shed
-    from their head alone (octet-stream: the samples follow from Content-Length) are answered
-    503 at once, without the body being read or Starlette being entered (the cheapest answer:
-    under 3x overload most requests get it, and each costs CPU on the replica's cores);
-    everything else goes to the Starlette app (:attr:`starlette`)."""
+    """The ASGI app around one batcher (the Starlette app :attr:`starlette`), and the early
+    answer the HTTP protocol asks before it hands a request to it: ``POST /infer`` requests
+    that admission would shed from their head alone (octet-stream: the samples follow from
+    Content-Length) are answered 503 at once, without the body being kept, an ASGI task or
+    Starlette (the cheapest answer: under 3x overload most requests get it, and each costs
+    CPU on the replica's cores)."""
 
     def __init__(self, batcher: Batcher, metrics: ServerMetrics, limits: ServerLimits, sample_shape: tuple[int, ...]):
         self.batcher, self.metrics, self.limits = batcher, metrics, limits
@@ -200,6 +201,7 @@ class InferenceApp:
         self.sample_len = math.prod(sample_shape)
         self.octet_limit = min(limits.max_body_bytes, batcher.max_batch * self.sample_len * F32.itemsize)
         self._counts: dict[int, Any] = {}  # status → its counter (labels() costs a lookup under a lock)
+        self._sheds: dict[str, Any] = {}  # reason → its counter
         self.sample_bytes = self.sample_len * F32.itemsize
         self.starlette = Starlette(
             routes=[Route("/infer", self.infer, methods=["POST"]), Route("/metrics", self.metrics_page, methods=["GET"]),
@@ -219,21 +221,29 @@ class InferenceApp:
         c.inc()
 
     def _shed_body(self, got: Shed, budget: float) -> tuple[int, bytes]:
-        self.metrics.shed.labels(reason=got.reason).inc()
+        c = self._sheds.get(got.reason)
+        if c is None:
+            c = self._sheds[got.reason] = self.metrics.shed.labels(reason=got.reason)
+        c.inc()
         retry = max(1, math.ceil(got.retry_after_s))
-        return retry, json.dumps({"error": f"overloaded: shed ({got.reason})", "reason": got.reason,
-                                  "expected_wait_ms": round(got.expected_wait_s * 1e3, 3),
-                                  "deadline_ms": round(budget * 1e3, 3), "retry_after_s": retry}).encode()
+        # the most frequent answer under overload: formatted directly (reason is one of SHED_REASONS)
+        return retry, (f'{{"error": "overloaded: shed ({got.reason})", "reason": "{got.reason}", '
+                       f'"expected_wait_ms": {got.expected_wait_s * 1e3:.3f}, "deadline_ms": {budget * 1e3:.3f}, '
+                       f'"retry_after_s": {retry}}}').encode()
 
     def _shed(self, request: Request, got: Shed, budget: float) -> Response:
         retry, body = self._shed_body(got, budget)
         self._count(503)
         return Response(body, 503, headers={"Retry-After": str(retry)}, media_type="application/json")
 
-    def _shed_from_head(self, scope: dict[str, Any]) -> tuple[int, bytes] | None:
-        """(Retry-After, body) if admission sheds this octet-stream ``POST /infer`` from its head."""
+    def early_answer(self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]],
+                     received_at: float) -> bytes | None:
+        """The raw 503 for an octet-stream ``POST /infer`` that admission sheds from its head
+        alone (the protocol's early answer, :func:`protocol_class`), else None."""
+        if path != b"/infer" or method != b"POST":
+            return None
         cl = deadline = None
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"content-length":
                 cl = value
             elif name == b"x-deadline-ms":
@@ -249,22 +259,15 @@ class InferenceApp:
             budget = _deadline_s(None if deadline is None else deadline.decode("latin-1"), self.limits.deadline_s)
         except RequestError:
             return None
-        arrived = scope.get(RECEIVED_AT) or self.batcher.clock()
-        shed = self.batcher.refuse(n, arrived + budget)
-        return None if shed is None else self._shed_body(shed, budget)
+        shed = self.batcher.refuse(n, received_at + budget)
+        if shed is None:
+            return None
+        retry, body = self._shed_body(shed, budget)
+        self._count(503)
+        return (f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+                f"\r\nretry-after: {retry}\r\nconnection: close\r\n\r\n").encode() + body
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/infer" and scope["method"] == "POST":
-            early = self._shed_from_head(scope)
-            if early is not None:  # the body is left unread: uvicorn drops it as it arrives
-                retry, body = early
-                self._count(503)
-                await send({"type": "http.response.start", "status": 503,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode()),
-                                        (b"retry-after", str(retry).encode())]})
-                await send({"type": "http.response.body", "body": body})
-                return
         await self.starlette(scope, receive, send)
 
     def _error(self, request: Request, e: RequestError) -> Response:
@@ -342,7 +345,7 @@ class InferenceServer:
         self.sock, self.app, self.threads, self.batch_policy = sock, app, threads, batch_policy
         lim = app.limits
         config = uvicorn.Config(
-            app, http=protocol_class(lim.head_timeout_s), loop="uvloop", lifespan="off", access_log=False,
+            app, http=protocol_class(lim.head_timeout_s, early=app.early_answer), loop="uvloop", lifespan="off", access_log=False,
             log_config=None, timeout_keep_alive=lim.keep_alive_s, limit_concurrency=lim.max_connections,
             backlog=lim.backlog, timeout_graceful_shutdown=5, proxy_headers=False, server_header=False,
         )

@@ -16,14 +16,18 @@ replicas a controller publishes in that file (:mod:`reamer.workloads.real.endpoi
 weighted client-side balancing, re-read when the file changes).
 
 With ``--deadline-ms D`` each request carries ``X-Deadline-Ms``: what is left of ``D`` since its
-scheduled arrival (the time its client still waits), so an overloaded server can shed it
-(:mod:`reamer.workloads.real.admission`) instead of computing it too late.
+scheduled arrival (the time its client still waits), less the time the request spends outside
+the server — the way there and back, measured: the p99 over the last ``OUTSIDE_WINDOW``
+answers of their latency (from sending) less the server's own time, which the inference server
+reports in ``Server-Timing: app;dur=MS`` — so an overloaded server can shed it
+(:mod:`reamer.workloads.real.admission`) instead of answering after the client's deadline.
 
 The report (stdout, one JSON object): sent / ok / errors (by HTTP status or exception;
 every non-2xx answer and every failure, 503 included: they all count against the SLO),
 ``shed`` (how many of those errors were 503: refused by the server's admission control),
 offered and achieved rate (successes over wall time), latency p50 / p95 / p99 / mean / max
-in milliseconds of the successful requests. A window line (``--window-s``) has the same
+in milliseconds of the successful requests, and ``outside_server_ms`` (p50 / p99 of the
+time outside the server, where it sends ``Server-Timing``). A window line (``--window-s``) has the same
 ``errors`` and ``shed`` counts, and ``p99_with_failures_ms``: the p99 with every failed
 request counted at the timeout (what a client saw).
 """
@@ -31,6 +35,7 @@ request counted at the timeout (what a client saw).
 from __future__ import annotations
 
 import argparse
+import collections
 import http.client
 import json
 import math
@@ -47,6 +52,11 @@ from urllib.parse import urlsplit
 from reamer.workloads.real.endpoints import EndpointsFile
 
 SAMPLE_FLOATS = 3 * 32 * 32
+# the deadline's allowance for the way to the server and back: the p99 of the last
+# OUTSIDE_WINDOW answers, recomputed every OUTSIDE_EVERY (a few seconds and a fraction of a
+# second at a few hundred requests/s)
+OUTSIDE_WINDOW = 1000
+OUTSIDE_EVERY = 100
 
 
 def poisson_arrivals(
@@ -129,7 +139,7 @@ def run_load(
     ``on_window(report)`` gets, every ``window_s``, the requests completed in that window:
     count, errors, p50/p99 latency (what a monitoring system sees per window). With
     ``deadline_ms``, every request carries ``X-Deadline-Ms``: what is left of it since the
-    request's scheduled arrival (at least 0)."""
+    request's scheduled arrival, less the measured time outside the server (at least 0)."""
     if deadline_ms is not None and not (math.isfinite(deadline_ms) and deadline_ms > 0):
         raise ValueError(f"deadline_ms: expected > 0, got {deadline_ms!r}")
     if (url is None) == (endpoints is None):
@@ -152,6 +162,9 @@ def run_load(
     done_at: list[float] = []
     late = [0]
     shed = [0]
+    outside: list[float] = []  # every answer's time outside the server, seconds
+    recent: collections.deque[float] = collections.deque(maxlen=OUTSIDE_WINDOW)
+    allow = [0.0]  # seconds: the deadline's allowance for the way there and back
     work: queue.Queue[float | None] = queue.Queue()
 
     def fail(kind: str) -> None:
@@ -172,17 +185,29 @@ def run_load(
             conn = http.client.HTTPConnection(*addr, timeout=timeout_s)
             try:
                 headers = {"Content-Type": content_type} if body is not None else {}
+                sent_at = time.perf_counter()
                 if deadline_ms is not None:
-                    left = deadline_ms - 1e3 * (time.perf_counter() - (t0 + due))
+                    left = deadline_ms - 1e3 * (sent_at - (t0 + due) + allow[0])
                     headers["X-Deadline-Ms"] = f"{max(0.0, left):.3f}"
                 conn.request(method, target, body=body, headers=headers)
                 resp = conn.getresponse()
                 resp.read()
                 status = resp.status
+                timing = resp.getheader("Server-Timing") or ""
             finally:
                 conn.close()
             now = time.perf_counter()
             with lock:
+                if timing.startswith("app;dur="):
+                    try:
+                        away = now - sent_at - float(timing[8:].split(",")[0]) / 1e3
+                    except ValueError:
+                        away = None
+                    if away is not None:
+                        outside.append(away)
+                        recent.append(away)
+                        if len(outside) % OUTSIDE_EVERY == 0:
+                            allow[0] = max(0.0, percentile(sorted(recent), 99) or 0.0)
                 if 200 <= status < 300:
                     latencies.append(now - (t0 + due))
                     done_at.append(now - t0)
@@ -270,6 +295,7 @@ def run_load(
             "mean": ms(sum(lat) / len(lat)) if lat else None,
             "max": ms(lat[-1]) if lat else None,
         },
+        "outside_server_ms": {"p50": ms(percentile(sorted(outside), 50)), "p99": ms(percentile(sorted(outside), 99))},
     }
 
 
@@ -313,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--content-type", default="application/octet-stream")
     ap.add_argument("--method", default="POST", choices=["GET", "POST"])
     ap.add_argument("--deadline-ms", type=float, default=None,
-                    help="send X-Deadline-Ms: what is left of this since each request's scheduled arrival")
+                    help="send X-Deadline-Ms: what is left of this since each request's scheduled arrival, less "
+                         "the measured time outside the server")
     ap.add_argument("--window-s", type=float, default=0.0,
                     help="also print one JSON line per window of this many seconds (completed requests, p99)")
     a = ap.parse_args(argv)
