@@ -66,11 +66,14 @@ def test_missing_column_in_job_list(tmp_path):
 
 @pytest.mark.slow
 def test_demo_runs_and_writes_report(tmp_path):
-    """The simulated half (the real half: tests/backends/local/test_session.py)."""
+    """The simulated half (the real half: tests/backends/local/test_session.py); ``--json -``:
+    the JSON alone on stdout, the tables on stderr."""
     rep = tmp_path / "r.html"
-    r = run("demo", "--mode", "sim", "--report", str(rep))
+    r = run("demo", "--mode", "sim", "--report", str(rep), "--json", "-")
     assert r.exit_code == 0, r.output
-    assert "static" in r.output and rep.stat().st_size > 10_000
+    policies = [x["policy"] for x in json.loads(r.stdout)["runs"]]
+    assert "static" in policies and "static+reamer" in policies
+    assert "Reamer demo" in r.stderr and rep.stat().st_size > 10_000
 
 
 def test_demo_rejects_an_unknown_mode(tmp_path):

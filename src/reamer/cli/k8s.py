@@ -1,20 +1,20 @@
-"""``reamer k8s``: the Kubernetes components (controller, scheduler, agent) and the CRDs."""
+"""``reamer k8s``: the Kubernetes components (controller, scheduler, agent) and the CRDs.
+The Kubernetes client, yaml and the backends are imported inside the commands (``reamer
+--help`` stays fast)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import signal
-import sys
 import threading
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
+from reamer.cli.common import HarvestPolicy, TrainingPolicy, fail, policy_parser
 from reamer.errors import InputError
 
 app = typer.Typer(no_args_is_help=True, help="Run Reamer on a Kubernetes cluster (docs/kubernetes.md).")
@@ -30,6 +30,10 @@ CrashAt = Annotated[list[str] | None, typer.Option(hidden=True, help="fault inje
 
 def crds() -> list[dict]:
     """The CustomResourceDefinitions Reamer serves (packaged with it)."""
+    from importlib import resources
+
+    import yaml
+
     d = resources.files("reamer.data") / "crds"
     return [yaml.safe_load(f.read_text()) for f in sorted(d.iterdir(), key=lambda f: f.name) if f.name.endswith(".yaml")]
 
@@ -62,8 +66,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _fail(err: InputError) -> None:
-    print(f"error: {err}", file=sys.stderr)
-    raise typer.Exit(2)
+    fail(err)  # one line, exit 2
 
 
 @app.command("install-crds")
@@ -123,10 +126,12 @@ def _harvester(kube, inf, namespace: str, policy: str, stale: float, max_moves: 
 
 @app.command()
 def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", interval: Interval = 10.0,
-               policy: Annotated[str, typer.Option(help="training policy")] = "nearchus",
-               harvest: Annotated[str | None, typer.Option(help="also run this harvesting policy in the same "
-                                                                "process (joint rounds; no separate scheduler)")]
-               = None,
+               policy: Annotated[TrainingPolicy, typer.Option(parser=policy_parser("training", "--harvest"),
+                                                              help="training policy")] = "nearchus",
+               harvest: Annotated[HarvestPolicy | None, typer.Option(
+                   parser=policy_parser("harvest", "--policy"),
+                   help="also run this harvesting policy in the same process (joint rounds; no separate "
+                        "scheduler)")] = None,
                yield_timeout: Annotated[float, typer.Option(help="seconds a grown pod waits for inference to "
                                                                  "leave its node")] = 60.0,
                stale: Stale = 30.0, max_moves: MaxMoves = 5,
@@ -168,7 +173,9 @@ def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", 
 
 @app.command()
 def scheduler(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", interval: Interval = 10.0,
-              policy: Annotated[str, typer.Option(help="harvesting policy")] = "reamer",
+              policy: Annotated[HarvestPolicy, typer.Option(parser=policy_parser("harvest", "reamer k8s controller "
+                                                                                    "--policy"),
+                                                             help="harvesting policy")] = "reamer",
               stale: Stale = 30.0, max_moves: MaxMoves = 5,
               metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
               rounds: Rounds = None, crash_at: CrashAt = None) -> None:
