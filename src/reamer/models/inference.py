@@ -49,8 +49,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, sparse, special, stats
-from scipy.sparse.linalg import spsolve
 
 from reamer.domain.inference import Replica
 
@@ -177,6 +175,8 @@ _MAX_STATES = 20000  # chain size treated as unstable
 
 def _pois_pmf(mu, kmax: int) -> np.ndarray:
     """pmf of Poisson(mu) for k = 0..kmax, one row per mu (no tail mass)."""
+    from scipy import special  # deferred: scipy costs ~0.5 s at import
+
     k = np.arange(kmax + 1, dtype=float)
     mu = np.asarray(mu, dtype=float)[:, None]
     return np.exp(special.xlogy(k[None, :], mu) - mu - special.gammaln(k + 1.0)[None, :])
@@ -189,6 +189,9 @@ def _pois_max(mu: float) -> int:
 
 def _chain(lam: float, s: np.ndarray, B: int, tau: float, N: int) -> tuple[np.ndarray, np.ndarray]:
     """(stationary law of the number waiting at batch completions 0..N, law of K0)."""
+    from scipy import sparse
+    from scipy.sparse.linalg import spsolve  # deferred: scipy costs ~0.5 s at import
+
     # K0: batch size formed from an empty system (first arrival, then B-1 more or tau).
     if B == 1:
         pk0 = np.array([0.0, 1.0])
@@ -219,6 +222,8 @@ def _tail_states(lam: float, s: np.ndarray, B: int) -> int:
 
     z0 > 1 solves z^B = exp(lam*S(B)*(z - 1)), the decay rate of the bulk queue's tail.
     """
+    from scipy import optimize  # deferred: scipy costs ~0.5 s at import
+
     mu = lam * s[B]
     g = lambda z: B * math.log(z) - mu * (z - 1.0)  # noqa: E731
     hi = 2.0
@@ -230,6 +235,8 @@ def _tail_states(lam: float, s: np.ndarray, B: int) -> int:
 
 def _atoms(lam: float, s: np.ndarray, B: int, tau: float) -> tuple[np.ndarray, np.ndarray]:
     """Latency atoms (values, probabilities) of a Poisson arrival in steady state."""
+    from scipy import stats  # deferred: scipy costs ~0.5 s at import
+
     mean_batch_arrivals = lam * s[B]
     N = _tail_states(lam, s, B)
     if N > _MAX_STATES:
@@ -417,6 +424,8 @@ def capacity_per_replica(
     whose *stationary* p99 equals the SLO misses it in 20-45% of one-minute windows (the
     per-minute p99 scatters around it); at stationary p99.9 = SLO that falls to about 0-2%.
     """
+    from scipy import optimize  # deferred: scipy costs ~0.5 s at import
+
     if analytic_quantile_s(quantile, 0.0, profile, cores, max_batch, max_wait_s, slowdown) > slo_p99_s:
         return 0.0
     sat = max_throughput_per_s(profile, cores, max_batch, slowdown)

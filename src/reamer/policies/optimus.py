@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy.optimize import nnls
 
 from reamer.domain import (
     AddContainer,
@@ -82,6 +81,8 @@ class Optimus:
             steps = float(np.mean(speeds)) / (w * batch)
             a.append(_features(p, w, batch))
             y.append(1.0 / steps)
+        from scipy.optimize import nnls  # deferred: scipy costs ~0.5 s at import
+
         theta, _ = nnls(np.array(a), np.array(y))
         return theta
 
