@@ -191,6 +191,18 @@ def test_deploy_crds_are_the_packages():
         assert (ours / f.name).read_text() == f.read_text(), f"run: cp {f.relative_to(REPO)} {ours.relative_to(REPO)}/"
 
 
+def test_the_dockerfile_copies_what_exists_and_installs_from_the_lock():
+    """No engine here builds it: what can be checked without one is that every file it copies
+    exists and is kept by its .dockerignore, and that it installs with the lock's versions."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    copied = [w for ln in text.splitlines() if ln.startswith("COPY ") for w in ln.split()[1:-1]]
+    assert copied and all((REPO / c).exists() and f"!{c.rstrip('/')}" in [i.rstrip("/") for i in ignore]
+                          for c in copied), copied
+    assert "-c requirements-lock.txt" in text and "USER 65532:65532" in text
+    assert 'ENTRYPOINT ["reamer"]' in text
+
+
 @needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_the_whole_install(overlay):
