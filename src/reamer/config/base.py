@@ -29,11 +29,11 @@ class PolicySection(Strict):
     """``policy:`` — the training policy, the harvesting policy of the inference services, and
     per-policy settings by name (each validated by that policy's config model)."""
 
-    training: str = "static"
+    training: str = "static"  # the training policy (a name of reamer.policies.REGISTRY; overridden by --policy)
     harvest: str | None = "reamer"  # None: no harvesting (inference services get no replicas from a policy)
     interval_s: Pos = 60.0  # control interval of the policies that use telemetry
     telemetry_noise_pct: NonNeg = 3.0  # simulator only: std-dev of multiplicative measurement noise
-    options: dict[str, dict[str, Any]] = {}
+    options: dict[str, dict[str, Any]] = {}  # per policy name, its settings (see the policy options below)
 
 
 def validate(model: type[M], data: Any, source: str) -> M:

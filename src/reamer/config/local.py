@@ -25,52 +25,52 @@ class HostSpec(Strict):
     """One testbed host = one node: its declared cores (the sum of its containers' quotas may
     not exceed them), the machine CPUs its containers run on, and its link limit."""
 
-    name: str
-    cores: Pos
+    name: str  # host name (one network namespace)
+    cores: Pos  # declared cores of the host
     cpus: list[Annotated[int, Field(ge=0)]] | None = None  # None = all CPUs
     link_mbit: Pos | None = None  # None = unlimited (nic_gbps)
-    nic_gbps: Pos = 10.0
-    mem_gib: Pos = 4.0
+    nic_gbps: Pos = 10.0  # the host's NIC bandwidth, used when link_mbit is unset
+    mem_gib: Pos = 4.0  # memory of the host (for placement)
 
 
 class LocalJobSpec(Strict):
-    id: str
+    id: str  # unique job id
     model: str  # a real-workload model (reamer.workloads.real.nets.MODELS)
-    samples: Pos
-    batch: Annotated[int, Field(ge=1)] = 32
-    arrival_s: NonNeg = 0.0
-    ps: Annotated[int, Field(ge=1)] = 1
-    workers: Annotated[int, Field(ge=1)] = 1
-    ps_cores: Pos = 0.5
-    worker_cores: Pos = 1.0
-    max_ps: Annotated[int, Field(ge=1)] = 2
-    max_workers: Annotated[int, Field(ge=1)] = 2
+    samples: Pos  # training samples until the job is done
+    batch: Annotated[int, Field(ge=1)] = 32  # per-worker batch
+    arrival_s: NonNeg = 0.0  # submit time after the run starts
+    ps: Annotated[int, Field(ge=1)] = 1  # PS shards requested
+    workers: Annotated[int, Field(ge=1)] = 1  # workers requested
+    ps_cores: Pos = 0.5  # CPU request of each PS
+    worker_cores: Pos = 1.0  # CPU request of each worker
+    max_ps: Annotated[int, Field(ge=1)] = 2  # the policy may add PS up to this
+    max_workers: Annotated[int, Field(ge=1)] = 2  # ... and workers up to this
 
 
 class LocalServiceSpec(Strict):
-    id: str
+    id: str  # unique service id
     model: str  # a real-workload model with an inference profile
-    slo_p99_ms: Pos
+    slo_p99_ms: Pos  # latency SLO: p99 per window (ms)
     rates: Annotated[list[NonNeg], Field(min_length=1)]  # requests/s, one per window
-    window_s: Pos = 10.0
+    window_s: Pos = 10.0  # length of each rate window
 
 
 class LocalPolicySection(PolicySection):
     """The shared ``policy:`` section with a real run's defaults: NEARCHUS every 3 s."""
 
-    training: str = "nearchus"
-    interval_s: Pos = 3.0
+    training: str = "nearchus"  # the training policy
+    interval_s: Pos = 3.0  # control interval of the policies
 
 
 class LocalScenario(Strict):
-    name: str = "local"
-    seed: int = 0
-    max_s: Pos = 180.0
-    hosts: Annotated[list[HostSpec], Field(min_length=1)]
-    jobs: list[LocalJobSpec] = []
-    services: list[LocalServiceSpec] = []
+    name: str = "local"  # shown in outputs
+    seed: int = 0  # seeds the load generator
+    max_s: Pos = 180.0  # the run stops after this long
+    hosts: Annotated[list[HostSpec], Field(min_length=1)]  # the testbed hosts
+    jobs: list[LocalJobSpec] = []  # PS training jobs
+    services: list[LocalServiceSpec] = []  # inference services
     system_reserve_cores: NonNeg = 0.25  # per host, for the controller and the load generator
-    policy: LocalPolicySection = LocalPolicySection()
+    policy: LocalPolicySection = LocalPolicySection()  # which policies run, with their options
     source: str = "<inline>"
 
     @model_validator(mode="after")

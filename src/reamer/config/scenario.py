@@ -21,31 +21,31 @@ from reamer.errors import InputError
 class NodePool(Strict):
     """``count`` identical nodes."""
 
-    name: str
-    count: Annotated[int, Field(ge=1)]
-    cores: Pos
-    mem_gib: Pos
-    gpus: NonNeg = 0
-    gpu_model: str = ""
+    name: str  # pool name; nodes are named after it
+    count: Annotated[int, Field(ge=1)]  # nodes in the pool
+    cores: Pos  # CPU cores per node
+    mem_gib: Pos  # memory per node (GiB)
+    gpus: NonNeg = 0  # GPUs per node
+    gpu_model: str = ""  # GPU model label (informational)
     nic_gbps: Pos | None = None  # default: cluster.nic_gbps
 
 
 class NodeOverride(Strict):
     """Per-node override of any pool default, by node name."""
 
-    node: str
-    cores: Pos | None = None
-    mem_gib: Pos | None = None
-    gpus: NonNeg | None = None
-    nic_gbps: Pos | None = None
+    node: str  # the node's name
+    cores: Pos | None = None  # None = the pool's value
+    mem_gib: Pos | None = None  # None = the pool's value
+    gpus: NonNeg | None = None  # None = the pool's value
+    nic_gbps: Pos | None = None  # None = the pool's value
 
 
 class Cluster(Strict):
-    node_pools: list[NodePool] = []
+    node_pools: list[NodePool] = []  # groups of identical nodes (with or instead of node_list)
     node_list: Path | None = None  # openb node list CSV (sn, cpu_milli, memory_mib, gpu, model)
     max_nodes: Annotated[int, Field(ge=1)] | None = None  # evenly spaced subset of node_list
-    nic_gbps: Pos = 10.0  # assumption: openb lists no NICs; 10 GbE default
-    overrides: list[NodeOverride] = []
+    nic_gbps: Pos = 10.0  # NIC bandwidth of every node without its own; assumption: openb lists no NICs; 10 GbE default
+    overrides: list[NodeOverride] = []  # per-node changes to the pool values
     # A job pauses this long when its PS/worker set changes (checkpoint + restart of PS
     # training); resizing a container's CPU is live. An assumption for the zoo's large models
     # (the local backend measures 6-11 s for its 78k-parameter job, docs/results.md).
@@ -62,16 +62,16 @@ class Synthetic(Strict):
     """Generated jobs (see docs/scenarios.md for the distributions)."""
 
     kind: Literal["synthetic"] = "synthetic"
-    jobs: Annotated[int, Field(ge=1)] = 200
+    jobs: Annotated[int, Field(ge=1)] = 200  # number of jobs generated
     mean_interarrival_s: Pos = 120.0  # Poisson arrivals
     models: list[str] = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121",
-                         "nasnet_mobile", "bert_base", "vit_b16", "bilstm"]
+                         "nasnet_mobile", "bert_base", "vit_b16", "bilstm"]  # zoo models, uniform choice
     workers: tuple[int, int] = (1, 4)  # uniform integer range, inclusive
-    ps: tuple[int, int] = (1, 2)
+    ps: tuple[int, int] = (1, 2)  # uniform integer range, inclusive
     worker_cores: list[Pos] = [1.0, 2.0, 4.0]  # uniform choice
-    ps_cores: list[Pos] = [1.0, 2.0]
-    container_mem_gib: Pos = 4.0
-    gpus_per_worker: NonNeg = 0.0
+    ps_cores: list[Pos] = [1.0, 2.0]  # uniform choice
+    container_mem_gib: Pos = 4.0  # memory of each PS / worker container
+    gpus_per_worker: NonNeg = 0.0  # GPU share per worker (0 = CPU training)
     runtime_s: tuple[Pos, Pos] = (600.0, 7200.0)  # log-uniform runtime at the user's request
 
 
@@ -79,23 +79,23 @@ class Openb(Strict):
     """The Alibaba openb pod list turned into arrivals (see docs/scenarios.md)."""
 
     kind: Literal["openb"] = "openb"
-    pod_list: Path
+    pod_list: Path  # openb pod list CSV
     load: Pos = 0.8  # offered GPU load relative to the cluster's GPUs (sets the arrival rate)
-    max_jobs: Annotated[int, Field(ge=1)] | None = None
-    gpu_only: bool = False
+    max_jobs: Annotated[int, Field(ge=1)] | None = None  # only the first this many pods
+    gpu_only: bool = False  # skip pods that request no GPU
     ps_cores: Pos = 1.0  # openb pods show no PS: each job gets one of this size
-    ps_mem_gib: Pos = 2.0
-    max_duration_s: Pos = 7 * 86400.0
-    min_duration_s: Pos = 60.0
+    ps_mem_gib: Pos = 2.0  # memory of that PS
+    max_duration_s: Pos = 7 * 86400.0  # pod durations are clipped to [min_duration_s, max_duration_s]
+    min_duration_s: Pos = 60.0  # lower clip of pod durations
     models: list[str] = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121",
-                         "bert_base", "vit_b16", "gpt2_small"]
+                         "bert_base", "vit_b16", "gpt2_small"]  # zoo models assigned to pods (seeded choice)
 
 
 class JobList(Strict):
     """A user's own trace: CSV or JSONL, one job per row (docs/scenarios.md)."""
 
     kind: Literal["joblist"] = "joblist"
-    path: Path
+    path: Path  # the CSV or JSONL file
 
 
 Workload = Annotated[Synthetic | Openb | JobList, Field(discriminator="kind")]
@@ -106,17 +106,17 @@ class DiurnalRate(Strict):
 
     kind: Literal["diurnal"] = "diurnal"
     trough_frac: Annotated[float, Field(ge=0, le=1)] = 0.3  # trough rate = peak × this
-    peak_hour: Annotated[float, Field(ge=0, lt=24)] = 14.0
+    peak_hour: Annotated[float, Field(ge=0, lt=24)] = 14.0  # hour of day of the peak rate
     start_hour: Annotated[float, Field(ge=0, lt=24)] = 8.0  # hour of day at t = 0
-    noise: NonNeg = 0.05
+    noise: NonNeg = 0.05  # std-dev of the multiplicative noise per window
 
 
 class GenaiRate(Strict):
     """The Alibaba GenAI request-rate trace, scaled to the service's peak."""
 
     kind: Literal["genai"] = "genai"
-    path: Path
-    request_type: str | None = None
+    path: Path  # the trace's qps CSV (timestamp_anon, value, container_ip, request_type)
+    request_type: str | None = None  # only rows of this request type; None = all
 
 
 RateSource = Annotated[DiurnalRate | GenaiRate, Field(discriminator="kind")]
@@ -125,28 +125,28 @@ RateSource = Annotated[DiurnalRate | GenaiRate, Field(discriminator="kind")]
 class ServiceSpec(Strict):
     """One latency-SLO inference service."""
 
-    id: str
+    id: str  # unique service id
     model: str  # a model of the profile's inference section (reamer/data/profiles.json)
-    slo_p99_ms: Pos
-    peak_rate_per_s: Pos
-    rate: RateSource = DiurnalRate()
-    mem_mib_per_replica: Pos = 2048.0
+    slo_p99_ms: Pos  # latency SLO: p99 per judging window (ms)
+    peak_rate_per_s: Pos  # the rate curve's peak (requests/s)
+    rate: RateSource = DiurnalRate()  # shape of the request rate over time
+    mem_mib_per_replica: Pos = 2048.0  # memory each replica needs
 
 
 class DedicatedPool(Strict):
     """CPU-only nodes that serve inference when it is not harvested (they cost node-hours)."""
 
-    name: str = "inference"
-    count: Annotated[int, Field(ge=0)] = 16
-    cores: Pos = 32.0
-    mem_gib: Pos = 128.0
+    name: str = "inference"  # pool name
+    count: Annotated[int, Field(ge=0)] = 16  # nodes available to the pool
+    cores: Pos = 32.0  # CPU cores per pool node
+    mem_gib: Pos = 128.0  # memory per pool node
 
 
 class InferenceSection(Strict):
     """Inference services co-located on GPU training nodes; harvest round every ``interval_s``."""
 
-    services: Annotated[list[ServiceSpec], Field(min_length=1)]
-    pool: DedicatedPool = DedicatedPool()
+    services: Annotated[list[ServiceSpec], Field(min_length=1)]  # the inference services
+    pool: DedicatedPool = DedicatedPool()  # overflow capacity when slack is short
     interval_s: Pos = 60.0  # harvest round and SLO judging window
     system_reserve_cores: NonNeg = 2.0  # per training node
     # Where the training need for slack comes from: ``usage`` = Σ measured use of the training
@@ -159,12 +159,12 @@ class InferenceSection(Strict):
     # a mean-one log-normal AR(1) factor redrawn every window (stationary std-dev
     # ``need_variation``, correlation ``need_corr``); 0 = constant (the zoo's cost).
     need_variation: NonNeg = 0.0
-    need_corr: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    need_corr: Annotated[float, Field(ge=0, lt=1)] = 0.9  # window-to-window correlation of that factor
     # Interference coefficients: training slowdown per co-located inference core busy (share of
     # node cores), and inference latency inflation per unit of training CPU load (share of node
     # cores). Unset: the profile's (``reamer calibrate``'s interference part; 0 in the shipped one).
     training_interference: NonNeg = 0.0
-    inference_interference: NonNeg = 0.0
+    inference_interference: NonNeg = 0.0  # inference latency inflation per training CPU load share
 
     @model_validator(mode="after")
     def _unique_ids(self) -> InferenceSection:
@@ -175,13 +175,13 @@ class InferenceSection(Strict):
 
 
 class Scenario(Strict):
-    name: str = "scenario"
-    seed: int = 0
-    horizon_s: Pos | None = None
-    cluster: Cluster
-    workload: Workload = Synthetic()
-    policy: PolicySection = PolicySection()
-    inference: InferenceSection | None = None
+    name: str = "scenario"  # shown in outputs
+    seed: int = 0  # seeds the workload, noise and rates (overridden by --seed)
+    horizon_s: Pos | None = None  # stop at this simulated time; None = when every job is done (inference rates: 1 day)
+    cluster: Cluster  # the nodes
+    workload: Workload = Synthetic()  # the training jobs
+    policy: PolicySection = PolicySection()  # which policies run, with their options
+    inference: InferenceSection | None = None  # None = training only (no harvesting)
     source: str = "<inline>"  # where it was read from (for error messages)
 
 
