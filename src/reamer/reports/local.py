@@ -3,17 +3,17 @@ shape, what NEARCHUS diagnosed, and each service's per-window p99 against its SL
 
 from __future__ import annotations
 
-import html
+import re
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.io import to_html
 from plotly.subplots import make_subplots
 
-from reamer.reports.results import write_atomic
+from reamer.reports.page import line, table, write_page
 
 
 def phases(rounds: Any, job: str) -> list[dict[str, Any]]:
@@ -42,7 +42,7 @@ def phases(rounds: Any, job: str) -> list[dict[str, Any]]:
 
 
 def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
-    """Flat metrics of a real run (DESIGN.md §4 style keys)."""
+    """Flat metrics of a real run (``name:subject`` keys, the unit as suffix; :func:`label` names them)."""
     res = run.result
     m: dict[str, float] = {"wall_s": res.wall_s, "unfinished_jobs": float(res.unfinished - len(res.failed_jobs)),
                            "failed_jobs": float(len(res.failed_jobs)), "job_failures": float(len(res.failures)),
@@ -78,46 +78,141 @@ def failures(run: Any) -> list[dict[str, Any]]:
                    for t, rid, why in res.replica_failures]
 
 
+LABELS = {"wall_s": "wall time (s)", "unfinished_jobs": "jobs unfinished", "failed_jobs": "jobs given up",
+          "job_failures": "training process failures", "steps_lost": "training steps lost",
+          "actuation_errors": "actuation errors (reconciled)", "replica_failures": "replica failures (replaced)",
+          "restart_s_mean": "mean restart after a reshape (s)", "jct_s": "JCT of {} (s)",
+          "slo_attainment_pct": "{}: SLO met (% of windows)", "windows_missed": "{}: windows missing the SLO",
+          "errors": "{}: failed requests", "p99_ms": "{}: p99 latency over the run (ms)"}
+
+
+def label(key: str) -> str:
+    """A metric key of :func:`summarize` in words (``jct_s:cifar-ps`` → ``JCT of cifar-ps (s)``)."""
+    name, _, subject = key.partition(":")
+    text = LABELS.get(name)
+    if text is None:
+        return key
+    return text.format(subject) if "{}" in text else text
+
+
+_FIELD = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^,()]+)")
+
+
+def _fields(text: str) -> dict[str, str]:
+    return {k: v.strip().strip("'\"") for k, v in _FIELD.findall(text)}
+
+
+def _num(v: str | None, scale: float = 1.0) -> str:
+    try:
+        return f"{float(v) * scale:g}"  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def action(subject: str, what: str) -> tuple[str, str]:
+    """One recorded event (``run.events``: a job and what happened to it, or a harvesting
+    decision's type and its repr) as (subject, action) in words."""
+    f = _fields(what)
+    if subject == "PlaceReplica":
+        return f.get("service", "?"), (f"start a replica on {f.get('node', '?')} with {_num(f.get('cores'))} cores "
+                                       f"(batches of up to {f.get('max_batch', '?')}, waiting at most "
+                                       f"{_num(f.get('max_wait_s'), 1e3)} ms)")
+    if subject == "ResizeReplica":
+        return f.get("replica", "?"), f"resize to {_num(f.get('cores'))} cores (in place)"
+    if subject == "MigrateReplica":
+        return f.get("replica", "?"), f"move to {f.get('to_node', '?')} (the new replica serves before the old stops)"
+    if subject == "EvictReplica":
+        return f.get("replica", "?"), "stop"
+    if subject == "ReplicaFailed":
+        rid, _, why = what.partition(" ")
+        return rid, f"{why or 'failed'}: taken out of routing and replaced"
+    if subject.endswith("Failed") or (subject[:1].isupper() and "(" in what):  # another decision type
+        words = re.sub(r"(?<!^)(?=[A-Z])", " ", subject).lower()
+        return f.get("service", f.get("replica", "")), words + (": " + ", ".join(f"{k} {v}" for k, v in f.items())
+                                                                 if f else "")
+    return subject, what
+
+
+def _axes(fig: go.Figure, rows: Sequence[str], x: str = "time (s)") -> None:
+    for row, title in enumerate(rows, start=1):
+        fig.update_yaxes(title_text=title, rangemode="tozero", row=row, col=1)
+        fig.update_xaxes(title_text=x, row=row, col=1)
+
+
 def figures(run: Any, slo_ms: dict[str, float]) -> list[go.Figure]:
     rounds = run.result.rounds
     jobs = sorted({j for r in rounds for j in r.shapes})
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("training speed (samples/s)",
-                                                                            "allocation: PS count, cores"))
-    for job in jobs:
-        pts = [(r.t, r.speeds[job]) for r in rounds if job in r.speeds]
-        fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=f"{job} speed",
-                        text=[r.bottlenecks.get(job, "") for r in rounds if job in r.speeds], row=1, col=1)
-        sh = [(r.t, r.shapes[job]) for r in rounds if job in r.shapes]
-        fig.add_scatter(x=[p[0] for p in sh], y=[p[1][0] for p in sh], mode="lines", line_shape="hv",
-                        name=f"{job} PS", row=2, col=1)
-        fig.add_scatter(x=[p[0] for p in sh], y=[p[1][2] for p in sh], mode="lines", line_shape="hv",
-                        name=f"{job} cores", row=2, col=1)
-    fig.update_layout(title="Training under NEARCHUS (hover: diagnosed bottleneck)", xaxis2_title="time (s)")
-    figs = [fig]
+    figs = []
+    if jobs:
+        nodes = sorted({n for r in rounds for n in r.node_cpu})
+        rows = ["samples/s", "count", "cores"]
+        titles = ["training speed (hover: diagnosed bottleneck)", "shape: PS (solid) and workers (dotted)",
+                  "CPU: allocated per job (lines)" + (" beside training use per node (filled)" if nodes else "")]
+        fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles)
+        for k, job in enumerate(jobs):
+            pts = [(r.t, r.speeds[job], r.bottlenecks.get(job, "")) for r in rounds if job in r.speeds]
+            if pts:
+                fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], text=[p[2] for p in pts],
+                                mode="lines+markers", name=job, legendgroup=job, line=line(k), row=1, col=1)
+            sh = [(r.t, r.shapes[job]) for r in rounds if job in r.shapes]
+            xs = [p[0] for p in sh]
+            fig.add_scatter(x=xs, y=[p[1][0] for p in sh], mode="lines", name=f"{job} PS", legendgroup=job,
+                            showlegend=False, line=line(k, shape="hv"), row=2, col=1)
+            fig.add_scatter(x=xs, y=[p[1][1] for p in sh], mode="lines", name=f"{job} workers", legendgroup=job,
+                            showlegend=False, line=line(k, shape="hv", dash="dot"), row=2, col=1)
+            fig.add_scatter(x=xs, y=[p[1][2] for p in sh], mode="lines", name=f"{job} cores allocated",
+                            legendgroup=job, showlegend=not pts, line=line(k, shape="hv", width=2.5), row=3, col=1)
+        for n in nodes:
+            fig.add_scatter(x=[r.t for r in rounds], y=[r.node_cpu.get(n, 0.0) for r in rounds], mode="lines",
+                            stackgroup="use", name=f"training use on {n}", line={"width": 0.5}, opacity=0.5,
+                            row=3, col=1)
+        _axes(fig, rows)
+        fig.update_layout(title="Training under NEARCHUS", height=820)
+        figs.append(fig)
     for sid, windows in run.services.items():
-        f = make_subplots(rows=2, cols=1, shared_xaxes=True,
-                          subplot_titles=(f"{sid}: p99 per window vs SLO (ms)", f"{sid}: replicas (node: cores)"))
-        f.add_bar(x=[w["t_end_s"] for w in windows], y=[w["p99_ms"] for w in windows], name="p99", row=1, col=1)
-        f.add_hline(y=slo_ms[sid], line_dash="dash", annotation_text="SLO", row=1, col=1)
+        lat = [w for w in windows if w.get("p99_ms") is not None]
         reps = [(r.t, r.inference.get(sid, {}).get("replicas", [])) for r in rounds]
         nodes = sorted({n for _, rs in reps for n, _ in rs})
+        panels = ([("p99 per window against the SLO (dotted)", "p99 latency (ms)")] if lat else []) \
+            + ([("replicas: CPU limit per node", "cores")] if nodes else [])
+        if not panels:
+            continue
+        f = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                          subplot_titles=[p[0] for p in panels])
+        row = 1
+        if lat:
+            xs = [w["t_end_s"] for w in lat]
+            f.add_bar(x=xs, y=[w["p99_ms"] for w in lat], name="p99", marker_color="#1f77b4", row=1, col=1)
+            if sid in slo_ms:
+                f.add_scatter(x=[min(xs), max(xs)], y=[slo_ms[sid]] * 2, mode="lines", name=f"SLO ({slo_ms[sid]:g} ms)",
+                              line={"dash": "dot", "color": "#555"}, row=1, col=1)
+            row = 2
         for n in nodes:
             f.add_scatter(x=[t for t, _ in reps], y=[sum(c for nn, c in rs if nn == n) for _, rs in reps],
-                          mode="lines", line_shape="hv", stackgroup="cores", name=n, row=2, col=1)
-        f.update_layout(title=f"Inference service {sid} (harvested CPU)", xaxis2_title="time (s)")
+                          mode="lines", line_shape="hv", stackgroup="cores", name=f"on {n}", row=row, col=1)
+        _axes(f, [p[1] for p in panels])
+        f.update_layout(title=f"Inference service {sid} (harvested CPU)", height=300 * len(panels) + 120)
         figs.append(f)
     return figs
 
 
+def headline(run: Any, slo_ms: dict[str, float]) -> list[dict[str, Any]]:
+    """The real run's key metrics in words: finished and unfinished jobs first."""
+    m = summarize(run, slo_ms)
+    rows: list[dict[str, Any]] = [{"metric": "jobs finished", "value": len(run.result.jct_s)}]
+    rows += [{"metric": label(k), "value": v} for k, v in m.items()]
+    return rows
+
+
 def write_local_report(path: str | Path, title: str, run: Any, slo_ms: dict[str, float]) -> Path:
-    metrics = summarize(run, slo_ms)
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:,.2f}</td></tr>" for k, v in metrics.items())
-    events = "".join(f"<li>{t:.1f} s — {html.escape(str(a))}: {html.escape(str(b))}</li>" for t, a, b in run.events)
-    parts = [f"<h1>{html.escape(title)}</h1>", f"<table border=1 cellpadding=4>{rows}</table>",
-             f"<h2>Actions</h2><ul>{events}</ul>"]
-    for i, fig in enumerate(figures(run, slo_ms)):
-        parts.append(to_html(fig, full_html=False, include_plotlyjs=(i == 0)))
-    doc = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title)
-           + "</title></head><body style='font-family:sans-serif'>" + "\n".join(parts) + "</body></html>")
-    write_atomic(path, doc)
-    return Path(path)
+    """The real run's report at ``path``; plotly.js is written once beside it."""
+    events = [{"time (s)": round(t, 1), "of": s, "action": a}
+              for t, subject, what in run.events for s, a in [action(subject, what)]]
+    parts = [table(headline(run, slo_ms), "Headline")]
+    if events:
+        parts.append("<h2>Actions</h2>" + table(events))
+    if getattr(run.result, "failures", None) or getattr(run.result, "replica_failures", None):
+        names = {"t_s": "time (s)", "steps_lost": "steps lost", "gave_up": "given up"}
+        parts.append("<h2>Failures</h2>" + table([
+            {names.get(k, k): ("yes" if v is True else v) for k, v in f.items()} for f in failures(run)]))
+    return write_page(path, title, parts, figures(run, slo_ms))
