@@ -23,9 +23,10 @@ return Array.from(document.querySelectorAll('.js-plotly-plot')).map(function (gd
     }
   });
   return {title: (gd.layout.title && (gd.layout.title.text || gd.layout.title)) || '', axes: axes,
-          data: gd.data.map(function (t) {
+          data: gd._fullData.map(function (t) {
             return {name: t.name || '', type: t.type || 'scatter', xaxis: t.xaxis || 'x', yaxis: t.yaxis || 'y',
-                    x: Array.from(t.x || []), y: Array.from(t.y || [])};
+                    x: Array.from(t.x || []),
+                    y: Array.from(t.y || []).map(function (v) { return v === null || isNaN(v) ? null : Number(v); })};
           })};
 });
 """
@@ -66,7 +67,8 @@ def _open(driver, path: Path) -> tuple[list[dict], list[dict]]:
     driver.get(path.resolve().as_uri())
     WebDriverWait(driver, 30).until(lambda d: d.execute_script(
         "return document.readyState === 'complete' && typeof Plotly !== 'undefined' && "
-        "document.querySelectorAll('.js-plotly-plot').length === document.querySelectorAll('.plotly-graph-div').length"))
+        "document.querySelectorAll('.js-plotly-plot').length === "
+        "document.querySelectorAll('.plotly-graph-div').length"))
     plots = driver.execute_script(PLOTS_JS)
     severe = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
     return plots, severe

@@ -69,7 +69,8 @@ def _local_run() -> LocalRun:
         t = 10.0 * i
         ps = 1 if i < 6 else 2
         rounds.append(RoundRecord(
-            t=t, speeds={"cifar-ps": 40.0 + 3 * i} if i else {}, bottlenecks={"cifar-ps": "ps_cpu" if i < 6 else "none"},
+            t=t, speeds={"cifar-ps": 40.0 + 3 * i} if i else {},
+            bottlenecks={"cifar-ps": "ps_cpu" if i < 6 else "none"},
             shapes={"cifar-ps": (ps, 2, 2.0 + ps)}, decisions=[],
             inference={"vgg": {"replicas": [("n1", 1.0)] + ([("n2", 1.5)] if i > 4 else []),
                                "p99_ms": 120.0 + i}},
@@ -110,7 +111,7 @@ def check_page(path: Path, plots: list[dict], severe: list[dict]) -> None:
         for name, ax in p["axes"].items():
             assert ax["title"], f"{p['title']}: {name} has no title"
             ref = ax["id"]  # 'x', 'x2', 'y3'
-            held = [t for t in p["data"] if t[name[0] + "axis"] == ref and t["x"] and _values(t)]
+            held = [t for t in p["data"] if t[name[0] + "axis"] == ref and _values(t)]  # x may be x0 + dx
             assert held, f"{p['title']}: the panel of {name} ({ax['title']}) holds no data"
 
 
@@ -138,17 +139,25 @@ def check_log_ticks(driver, plots: list[dict]) -> None:
     assert seen
 
 
+def check_p99(plots: list[dict]) -> dict:
+    """The p99 chart's log range spans its data and SLO lines, within a factor 2 of them
+    (SLO labels once stretched it to 1e322)."""
+    lat = next(p for p in plots if "p99" in p["axes"]["yaxis"]["title"])
+    assert lat["axes"]["yaxis"]["type"] == "log"
+    data = [v for t in lat["data"] for v in _values(t) if v > 0]  # the SLO lines are traces too
+    lo, hi = min(data), max(data)
+    r0, r1 = (10 ** v for v in lat["axes"]["yaxis"]["range"])
+    assert lo / 2 <= r0 <= lo and hi <= r1 <= hi * 2, f"p99 range {r0:g}..{r1:g} for data and SLO {lo:g}..{hi:g}"
+    return lat
+
+
 def test_colocation_report_in_chromium(colo_report, open_report, browser):
     plots, severe = open_report(colo_report)
     check_page(colo_report, plots, severe)
     check_log_ticks(browser, plots)
     titles = [p["title"] for p in plots]
-    lat = next(p for p in plots if "p99" in p["axes"]["yaxis"]["title"])
-    data = [v for t in lat["data"] for v in _values(t) if v > 0]
-    lo, hi = min([*data, SLO_MS]), max([*data, SLO_MS])
-    r0, r1 = (10 ** v for v in lat["axes"]["yaxis"]["range"])
-    assert lo / 2 <= r0 <= lo and hi <= r1 <= hi * 2, f"p99 range {r0:g}..{r1:g} for data and SLO {lo:g}..{hi:g}"
-    assert any(t["name"].startswith("SLO resnet") for t in lat["data"])
+    lat = check_p99(plots)
+    assert any(t["name"].startswith("SLO resnet") and SLO_MS in _values(t) for t in lat["data"])
     over = next(p for p in plots if p["title"] == "Over time")
     assert any(a["title"] == "% of cluster GPUs" for a in over["axes"].values())  # a GPU cluster: its panel
     dashes = browser.execute_script("""
@@ -189,3 +198,18 @@ def test_reports_in_one_folder_share_one_plotly(tmp_path, colo_report):
     b = write_local_report(tmp_path / "b.html", "b", run, {"vgg": 250.0})
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["a.html", "b.html", PLOTLY_JS]
     assert a.stat().st_size < MB and b.stat().st_size < MB
+
+
+def test_demo_sized_colocation_report(tmp_path, open_report, browser):
+    """The demo's co-location report (the shipped scenario, every harvesting policy, per-node
+    views of 8 nodes): under 1 MB, and it holds up in the browser like the small ones."""
+    from reamer.config.scenario import load_embedded
+    from reamer.policies import policy_names
+
+    sc = load_embedded("colocation")
+    runs = [simulate(sc, "static", harvest=h) for h in policy_names("harvest")]
+    path = write_report(tmp_path / "demo-colocation.html", "demo", runs)
+    plots, severe = open_report(path)
+    check_page(path, plots, severe)
+    check_log_ticks(browser, plots)
+    check_p99(plots)

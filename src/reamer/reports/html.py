@@ -20,11 +20,24 @@ from reamer.reports.page import table as html_table
 MAX_POINTS = 2000
 
 
-def _thin(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
-    if len(xs) <= MAX_POINTS:
+def _thin(xs: Sequence[float], ys: Sequence[float], n: int = MAX_POINTS) -> tuple[list[float], list[float]]:
+    if len(xs) <= n:
         return list(xs), list(ys)
-    idx = np.linspace(0, len(xs) - 1, MAX_POINTS).astype(int)
+    idx = np.linspace(0, len(xs) - 1, n).astype(int)
     return [xs[i] for i in idx], [ys[i] for i in idx]
+
+
+def _packed(xs: Sequence[float], ys: Sequence[float], n: int = MAX_POINTS) -> dict:
+    """A trace's ``x`` and ``y``, thinned to about ``n`` points, compact: evenly spaced x as
+    ``x0``/``dx`` (one number, not one per point), y as a float32 array that plotly writes
+    base64-packed (~5 bytes a point, not ~18 as JSON text). Many-trace figures stay small."""
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if len(xs) > n:
+        step = -(-len(xs) // n)  # a stride keeps the spacing even
+        xs, ys = xs[::step], ys[::step]
+    if len(xs) > 2 and np.allclose(np.diff(xs), xs[1] - xs[0], rtol=1e-6, atol=1e-9):
+        return {"x0": float(xs[0]), "dx": float(xs[1] - xs[0]), "y": ys.astype(np.float32)}
+    return {"x": xs.astype(np.float32), "y": ys.astype(np.float32)}
 
 
 _color = color  # kept for callers of the old name
@@ -92,12 +105,12 @@ def figures(results: Sequence) -> list[go.Figure]:
     for k, r in enumerate(results):
         t = [x / 3600.0 for x in r.series.get("t", [])]
         for row, (used, alloc, _, _) in enumerate(panels, start=1):
-            x, y = _thin(t, r.series.get(used, []))
-            ts.add_scatter(x=x, y=y, mode="lines", name=r.policy, legendgroup=r.policy, showlegend=row == 1,
+            ts.add_scatter(**_packed(t, r.series.get(used, [])), mode="lines", name=r.policy, legendgroup=r.policy,
+                           showlegend=row == 1,
                            line=line(k, shape="hv", width=2.5), row=row, col=1)
             if alloc:
-                x, y = _thin(t, r.series.get(alloc, []))
-                ts.add_scatter(x=x, y=y, mode="lines", name=f"{r.policy} allocated", legendgroup=r.policy,
+                ts.add_scatter(**_packed(t, r.series.get(alloc, [])), mode="lines", name=f"{r.policy} allocated",
+                               legendgroup=r.policy,
                                showlegend=False, opacity=0.6, line=line(k, shape="hv", width=1), row=row, col=1)
     for row, (_, _, _, unit) in enumerate(panels, start=1):
         ts.update_yaxes(title_text=unit, rangemode="tozero", row=row, col=1)
@@ -173,8 +186,10 @@ def colocation_figures(results: Sequence) -> list[go.Figure]:
             s = r.inference_series
             t = [x / 3600.0 for x in s["t"]]
             for key, label, col in layers:
-                x, y = _thin(t, s.get(f"node_cpu:{key}:{view}" if view else key, [0.0] * len(t)))
-                stack.add_scatter(x=x, y=y, name=label, legendgroup=label, showlegend=row == 1 and not view,
+                # one node's view (a menu choice) at a coarser step: nodes × runs × 4 traces
+                xy = _packed(t, s.get(f"node_cpu:{key}:{view}" if view else key, [0.0] * len(t)),
+                             MAX_POINTS // 4 if view else MAX_POINTS)
+                stack.add_scatter(**xy, name=label, legendgroup=label, showlegend=row == 1 and not view,
                                   stackgroup=f"s{row}", mode="lines", line={"width": 0.5, "color": col},
                                   visible=not view, row=row, col=1)
                 owner.append(view)

@@ -148,7 +148,7 @@ def figures(run: Any, slo_ms: dict[str, float]) -> list[go.Figure]:
         rows = ["samples/s", "count", "cores"]
         titles = ["training speed (hover: diagnosed bottleneck)", "shape: PS (solid) and workers (dotted)",
                   "CPU: allocated per job (lines)" + (" beside training use per node (filled)" if nodes else "")]
-        fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles)
+        fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=titles)
         for k, job in enumerate(jobs):
             pts = [(r.t, r.speeds[job], r.bottlenecks.get(job, "")) for r in rounds if job in r.speeds]
             if pts:
@@ -177,7 +177,7 @@ def figures(run: Any, slo_ms: dict[str, float]) -> list[go.Figure]:
             + ([("replicas: CPU limit per node", "cores")] if nodes else [])
         if not panels:
             continue
-        f = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+        f = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.16,
                           subplot_titles=[p[0] for p in panels])
         row = 1
         if lat:
