@@ -21,7 +21,7 @@ from reamer.reports.results import document, run_entry, write_json
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", dest="json_out", help="write results here (DESIGN.md §4 shape)")
+    ap.add_argument("--json", dest="json_out", help="write results here (the docs/results-format.md shape)")
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--policy", default="static")

@@ -1,4 +1,4 @@
-"""Policies, models and the domain never import a backend (DESIGN.md §3)."""
+"""Policies, models and the domain never import a backend (docs/design.md#architecture)."""
 
 from __future__ import annotations
 

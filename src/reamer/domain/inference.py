@@ -1,4 +1,4 @@
-"""Snapshots and decisions of the inference-harvesting loop (Cloud Reamer, DESIGN.md §3.3).
+"""Snapshots and decisions of the inference-harvesting loop (Cloud Reamer, docs/design.md#the-harvesting-loop).
 
 A harvesting policy sees a :class:`HarvestSnapshot` — nodes, what training uses and needs on
 each, and the inference services with their replicas — and returns a list of

@@ -1,4 +1,4 @@
-"""Inference service model: service-time profiles, one replica's batching queue, sizing (DESIGN.md §3.2).
+"""Inference service model: service-time profiles, one replica's batching queue, sizing (docs/design.md, inference model).
 
 **Service time.** Per model, measured with ONNX Runtime by ``reamer calibrate``
 (:mod:`reamer.calibration.inference`) and shipped in ``reamer/data/profiles.json``::

@@ -1,4 +1,4 @@
-"""Training speed model for synchronous parameter-server data-parallel jobs (DESIGN.md §3.1).
+"""Training speed model for synchronous parameter-server data-parallel jobs (docs/design.md#training-speed-model).
 
 Per step, with w workers and p PS shards:
 

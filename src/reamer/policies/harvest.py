@@ -1,5 +1,5 @@
 """``reamer``: Cloud Reamer — latency-SLO inference on the spare CPU of GPU training nodes
-(Khan et al., MASCOTS 2024; mechanism ours, DESIGN.md §2, §3.3).
+(Khan et al., MASCOTS 2024; mechanism ours, docs/design.md#cloud-reamer, #the-harvesting-loop).
 
 Every round (``decide(HarvestSnapshot)``), in this order:
 

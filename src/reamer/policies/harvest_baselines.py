@@ -1,4 +1,4 @@
-"""Baselines for Cloud Reamer (DESIGN.md §2, §5). All size services like ``reamer``
+"""Baselines for Cloud Reamer (docs/design.md#cloud-reamer, #baselines). All size services like ``reamer``
 (predicted rate × (1 + headroom), :func:`reamer.models.inference.size_service`) and place by
 the same filter → score (best fit, spread), so they differ only in *where* inference may run
 and in how they react when training takes cores back:

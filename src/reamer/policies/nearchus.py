@@ -1,5 +1,5 @@
 """NEARCHUS: adaptive resource allocation for PS training jobs (Tariq et al., NOMS 2024;
-control logic from the authors' patent US 11,665,106 B2; DESIGN.md §1).
+control logic from the authors' patent US 11,665,106 B2; docs/design.md#nearchus).
 
 Per running job, every control interval:
 

@@ -1,4 +1,4 @@
-"""``optimus`` baseline (Peng et al., EuroSys 2018; DESIGN.md §5).
+"""``optimus`` baseline (Peng et al., EuroSys 2018; docs/design.md#baselines).
 
 * Speed model per job, fitted online with non-negative least squares on observed
   (p, w, speed) points: synchronous ``steps/s = 1 / (θ0·M/w + θ1 + θ2·w/p + θ3·w + θ4·p)``

@@ -1,1 +1,1 @@
-"""Results: the one JSON shape (DESIGN.md §4) and interactive HTML reports."""
+"""Results: the one JSON shape (docs/results-format.md) and interactive HTML reports."""

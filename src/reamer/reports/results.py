@@ -1,4 +1,4 @@
-"""The one result shape every benchmark and ``reamer simulate --json`` writes (DESIGN.md §4):
+"""The one result shape every benchmark and ``reamer simulate --json`` writes (docs/results-format.md):
 
 ``{"bench": NAME, "runs": [{"scenario", "seed", "policy", "params", "metrics"}], "ratios": {}}``
 """

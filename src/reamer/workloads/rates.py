@@ -2,7 +2,7 @@
 
 * :func:`diurnal_rates` — a seeded synthetic day/night curve, one rate per minute.
 * :func:`read_genai_qps` — the Alibaba GenAI gateway trace (``cluster-trace-v2026-GenAI``
-  ``qps.csv``; shipped for tests as ``../shared/data/genai_qps.csv``, CC BY 4.0).
+  ``qps.csv``; ``genai_qps.csv`` of the cluster-trace data set, docs/design.md; CC BY 4.0).
 
 **The GenAI trace.** Rows are ``timestamp_anon, value, container_ip, request_type``: ``value``
 is one container's request rate (req/s) at a sample instant. Sample instants lie on a fixed

@@ -299,7 +299,7 @@ class LocalCluster:
     def _host_net(self, now: float) -> dict[str, float]:
         """Gbit/s of each node's link over the window, both directions summed: a PS step's
         pull and push run one after the other, so the link is busy for (rx + tx) / rate —
-        the same traffic the speed model counts against the link (DESIGN.md §3.1)."""
+        the same traffic the speed model counts against the link (docs/design.md#training-speed-model)."""
         out = {}
         for name, ln in self.local.items():
             rx, tx = self.testbed.link_bytes(ln.host)
