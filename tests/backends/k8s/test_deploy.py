@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+# imported here, not in the tests: the name "conftest" is rebound as pytest collects other folders
+from conftest import Controller, Kubelet, Scheduler, make_node, publish_slack
 
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
@@ -588,7 +590,6 @@ UNEXERCISED = {
 def shrink_a_replica(kube, ns, components):
     """A replica shrunk: ``PATCH pods/resize`` first (404 on 1.20), then a make-before-break
     replacement of the new size."""
-    from conftest import Kubelet, make_node
     from test_k8s_scheduler import fresh, inference_service, replica_pods
 
     from reamer.backends.k8s import objects as ko
@@ -618,7 +619,6 @@ def test_component_tests_pass_under_the_service_accounts(kube, installed, module
     import importlib
     import inspect
 
-    from conftest import Controller, Scheduler
 
     mod = importlib.import_module(module) if module else sys.modules[__name__]
     kubes = {c: recording_kube(installed[c]) for c in ("controller", "scheduler")}
@@ -648,7 +648,6 @@ def test_component_tests_pass_under_the_service_accounts(kube, installed, module
 
 
 def test_the_agent_publishes_under_its_service_account(kube, installed):
-    from conftest import make_node
 
     from reamer.backends.k8s.agent import Agent
     from reamer.backends.k8s.kube import custom
@@ -682,7 +681,6 @@ def test_the_rendered_components_run_under_their_service_accounts(kube, installe
     """Each component as its manifest starts it (the same args), with its ServiceAccount's
     token: it serves /healthz and /readyz where the probes look, runs its rounds without a
     refused request, and does its job: pods for a TrainingJob, a bound replica, a NodeSlack."""
-    from conftest import make_node, publish_slack
     from test_k8s_controller import training_job
     from test_k8s_scheduler import inference_service
 

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import make_node
+from conftest import make_node, publish_slack
 from test_k8s_controller import training_job
 
 from reamer.backends.k8s.kube import custom
@@ -62,7 +62,6 @@ def test_controller_serves_health_and_metrics(kube, ns, devcluster):
 
 
 def test_controller_with_harvest_runs_both_in_joint_rounds(kube, ns, devcluster):
-    from conftest import publish_slack
     from test_k8s_scheduler import inference_service, replica_pods
 
     make_node(kube, "gpu-a", 16)
