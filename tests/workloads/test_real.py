@@ -374,7 +374,7 @@ def test_batcher_sheds_what_would_miss_its_deadline_and_drops_what_expired_in_th
 
 
 def test_the_admission_margin_is_the_p99_of_how_late_answers_were(tmp_path):
-    from reamer.workloads.real.admission import MARGIN_EVERY
+    from reamer.workloads.real.admission import MARGIN_EVERY, MARGIN_WINDOW_S
 
     b = Batcher(_doubler(tmp_path), max_batch=4, max_wait_ms=0, max_queue_samples=8)
     b.warm_up((3, 2, 2))
@@ -386,6 +386,8 @@ def test_the_admission_margin_is_the_p99_of_how_late_answers_were(tmp_path):
     x = np.ones((1, 3, 2, 2), dtype=np.float32)
     assert isinstance(b.admit(x, time.monotonic() + 0.005), Shed)  # the margin alone does not fit
     assert not isinstance(b.admit(x, time.monotonic() + 1.0), Shed)
+    # learnt from answers only, it expires with them: nothing answered for the window, no margin
+    assert b._margin(now + MARGIN_WINDOW_S + 1.0) == 0.0
 
 
 def test_service_times_interpolate_between_measured_batch_sizes():

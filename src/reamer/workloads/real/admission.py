@@ -14,8 +14,9 @@ Admission (:meth:`Batcher.admit`, called on the event loop; nothing blocks there
   measured service time — and if it lies past the request's deadline the request is shed
   ``deadline`` at once, without queueing (the client learns in microseconds, not after its
   deadline; ``Retry-After`` says when the queue is expected to have drained enough);
-- a queued request whose deadline has passed when the batcher would take it is dropped
-  (``expired``), not computed: its client has given up.
+- a queued request whose deadline has passed when the batcher would take it, or would pass
+  before its batch is done (at the batch's measured service time), is dropped (``expired``),
+  not computed: its answer would come after its client gave up.
 
 Service times: per batch size an exponentially weighted moving average of the measured wall
 time of a batch from the moment it is taken to the moment its results are handed back
@@ -50,10 +51,13 @@ import numpy as np
 
 EWMA_ALPHA = 0.1
 # Admission margin: the 99th percentile (the quantile the SLOs here judge) of how much later
-# than predicted the last MARGIN_WINDOW served requests were answered, recomputed every
-# MARGIN_EVERY answers (about 3 s and 0.3 s at the ~300 requests/s of bench/overload.py)
+# than predicted the requests answered in the last MARGIN_WINDOW_S seconds were, recomputed
+# every MARGIN_EVERY answers (0.3 s at the ~300 requests/s of bench/overload.py: the window
+# holds ~600, short enough to follow the onset of overload, long enough for a p99). It learns
+# only from answered requests, so it expires with them: once nothing was answered for
+# MARGIN_WINDOW_S (a transient made it so large that everything is shed) it is 0 again.
 MARGIN_QUANTILE = 99.0
-MARGIN_WINDOW = 1000
+MARGIN_WINDOW_S = 2.0
 MARGIN_EVERY = 100
 log = logging.getLogger(__name__)
 
@@ -181,9 +185,10 @@ class Batcher:
         self.q: deque[_Pending] = deque()
         self.queued = 0  # samples in q
         self.running: tuple[float, int] | None = None  # (started, samples) of the batch being run
-        self.late: deque[float] = deque(maxlen=MARGIN_WINDOW)  # answered − predicted, seconds
+        self.late: deque[tuple[float, float]] = deque()  # (answered at, answered − predicted), seconds
         self.margin_s = 0.0
         self._since_margin = 0
+        self._answers = 0
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
 
@@ -238,20 +243,29 @@ class Batcher:
     def answered(self, served: Served, at: float | None = None) -> None:
         """A served request's answer is ready (call it from where the answer is sent): how late
         against its prediction feeds the admission margin."""
-        self.late.append((self.clock() if at is None else at) - served.predicted)
+        now = self.clock() if at is None else at
+        self.late.append((now, now - served.predicted))
+        while self.late[0][0] < now - MARGIN_WINDOW_S:
+            self.late.popleft()
         self._since_margin += 1
-        if self._since_margin >= MARGIN_EVERY:
+        self._answers += 1
+        # cold (fewer than MARGIN_EVERY answers yet): refreshed every tenth of that
+        if self._since_margin >= (MARGIN_EVERY if self._answers > MARGIN_EVERY else MARGIN_EVERY // 10):
             self._since_margin = 0
-            margin = max(0.0, float(np.percentile(np.fromiter(self.late, float), MARGIN_QUANTILE)))
+            margin = max(0.0, float(np.percentile([v for _, v in self.late], MARGIN_QUANTILE)))
             with self.cv:
                 self.margin_s = margin
             if self.metrics is not None:
                 self.metrics.margin.set(margin)
 
+    def _margin(self, now: float) -> float:
+        """The margin, or 0 once nothing was answered for ``MARGIN_WINDOW_S``."""
+        return self.margin_s if self.late and self.late[-1][0] >= now - MARGIN_WINDOW_S else 0.0
+
     def _refuse(self, now: float, n: int, deadline: float) -> Shed | None:
         if self.stopping:
             return Shed("stopping", 0.0, 1.0)
-        wait = self._expected_wait(now, n) + self.margin_s
+        wait = self._expected_wait(now, n) + self._margin(now)
         if self.queued + n > self.max_queue_samples:
             # room frees at the rate batches complete
             excess = self.queued + n - self.max_queue_samples
@@ -292,14 +306,15 @@ class Batcher:
             self.metrics.queue_samples.set(self.queued)
 
     def _take(self, now: float) -> tuple[list[_Pending], list[_Pending], int]:
-        """Pop (under the lock) the next batch in FIFO order: (to run, expired, samples to run)."""
+        """Pop (under the lock) the next batch in FIFO order: (to run, expired, samples to run);
+        expired: the deadline passes before the batch would be done."""
         items: list[_Pending] = []
         expired: list[_Pending] = []
         n = 0
         while self.q and n + self.q[0].n <= self.max_batch:
             p = self.q.popleft()
             self.queued -= p.n
-            if p.deadline < now:
+            if p.deadline < now + self.times.estimate(n + p.n):  # its answer would come too late
                 expired.append(p)
                 continue
             items.append(p)

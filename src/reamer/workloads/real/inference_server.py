@@ -8,27 +8,31 @@ exported to ONNX in a temporary directory (dynamic batch axis) and loaded into a
 ONNX Runtime session whose intra-op threads are sized to the container
 (:func:`reamer.backends.local.launcher.ort_session_options`), then warmed up.
 
-HTTP: uvicorn (httptools, uvloop) running a Starlette app on one asyncio event loop; the session runs on
-the batcher thread (:mod:`reamer.workloads.real.admission`: bounded queue, deadlines,
-shedding). Endpoints:
+HTTP: uvicorn (httptools protocol, uvloop) running a Starlette app on one event loop
+thread, under ``SCHED_BATCH``; the session runs on the batcher thread
+(:mod:`reamer.workloads.real.admission`: bounded queue, deadlines, shedding); the limits
+uvicorn lacks (request-head deadline and size, timed body reads, the early 503) are in
+:mod:`reamer.workloads.real.http_limits`. Endpoints:
 
 - ``POST /infer``: body ``application/octet-stream`` = ``n`` samples of raw little-endian
   float32, ``n * 3*32*32`` values (also when no Content-Type is given); or
   ``application/json`` ``{"inputs": [[...3072 numbers], ...]}``; ``1 <= n <= max_batch``.
   Header ``X-Deadline-Ms``: the time the client still waits (default ``--deadline-ms``).
   Answers JSON ``{"outputs": [[10 logits], ...], "argmax": [...], "batch": B}`` where B is
-  the size of the batch the request ran in.
+  the size of the batch the request ran in, with ``Server-Timing: app;dur=MS`` (the time
+  from its first byte to its answer).
 - ``GET /metrics``: Prometheus text format (:mod:`reamer.workloads.real.serving_metrics`).
 - ``GET /healthz``: ``ok``.
 
 Every error is JSON ``{"error": "..."}``: 400 malformed (bad JSON or nesting, wrong sample
-length, too many samples, non-finite values, empty body, bad ``X-Deadline-Ms``), 404, 405,
-408 (body not received within ``--body-timeout-s``), 413 (body over the limit: Content-Length
-checked before reading, bytes counted while reading, chunked too), 415 (content type), 503
-with ``Retry-After`` (shed: queue full, expected completion past the deadline, deadline
-passed in the queue), 500 (the session failed). Over ``--max-connections`` open
-connections uvicorn itself answers 503 (plain text). docs/inference_server.md has the limits
-and their defaults.
+length, too many samples, non-finite values, empty body, bad ``X-Deadline-Ms``, not
+HTTP/1.1), 404, 405, 408 (body not received within ``--body-timeout-s``), 413 (body over the
+limit: Content-Length checked before reading, bytes counted while reading, chunked too), 415
+(content type), 431 (request head over 16 KiB), 503 with ``Retry-After`` (shed: queue full,
+expected completion past the deadline, deadline passing in the queue), 500 (the session
+failed). Over ``--max-connections`` open connections uvicorn itself answers 503 (plain
+text). A connection without a complete request head within ``--head-timeout-s`` is closed.
+docs/inference_server.md has the limits, their defaults and what was measured.
 
 On start it prints one JSON line ``{"event": "listening", "port": ...}`` on stdout.
 """

@@ -17,9 +17,10 @@ weighted client-side balancing, re-read when the file changes).
 
 With ``--deadline-ms D`` each request carries ``X-Deadline-Ms``: what is left of ``D`` since its
 scheduled arrival (the time its client still waits), less the time the request spends outside
-the server — the way there and back, measured: the p99 over the last ``OUTSIDE_WINDOW``
-answers of their latency (from sending) less the server's own time, which the inference server
-reports in ``Server-Timing: app;dur=MS`` — so an overloaded server can shed it
+the server — the way there and back, measured: the p99, over the answers of the last
+``OUTSIDE_WINDOW_S`` seconds, of their latency (from sending) less the server's own time, which
+the inference server reports in ``Server-Timing: app;dur=MS`` (0 when nothing was answered in
+that time: it learns from answers only) — so an overloaded server can shed it
 (:mod:`reamer.workloads.real.admission`) instead of answering after the client's deadline.
 
 The report (stdout, one JSON object): sent / ok / errors (by HTTP status or exception;
@@ -52,10 +53,10 @@ from urllib.parse import urlsplit
 from reamer.workloads.real.endpoints import EndpointsFile
 
 SAMPLE_FLOATS = 3 * 32 * 32
-# the deadline's allowance for the way to the server and back: the p99 of the last
-# OUTSIDE_WINDOW answers, recomputed every OUTSIDE_EVERY (a few seconds and a fraction of a
+# the deadline's allowance for the way to the server and back: the p99 over the answers of
+# the last OUTSIDE_WINDOW_S seconds, recomputed every OUTSIDE_EVERY answers (a fraction of a
 # second at a few hundred requests/s)
-OUTSIDE_WINDOW = 1000
+OUTSIDE_WINDOW_S = 2.0
 OUTSIDE_EVERY = 100
 
 
@@ -163,8 +164,8 @@ def run_load(
     late = [0]
     shed = [0]
     outside: list[float] = []  # every answer's time outside the server, seconds
-    recent: collections.deque[float] = collections.deque(maxlen=OUTSIDE_WINDOW)
-    allow = [0.0]  # seconds: the deadline's allowance for the way there and back
+    recent: collections.deque[tuple[float, float]] = collections.deque()  # (answered at, outside s)
+    allow = [0.0, 0.0]  # seconds: the deadline's allowance for the way there and back, valid until
     work: queue.Queue[float | None] = queue.Queue()
 
     def fail(kind: str) -> None:
@@ -187,7 +188,7 @@ def run_load(
                 headers = {"Content-Type": content_type} if body is not None else {}
                 sent_at = time.perf_counter()
                 if deadline_ms is not None:
-                    left = deadline_ms - 1e3 * (sent_at - (t0 + due) + allow[0])
+                    left = deadline_ms - 1e3 * (sent_at - (t0 + due) + (allow[0] if sent_at < allow[1] else 0.0))
                     headers["X-Deadline-Ms"] = f"{max(0.0, left):.3f}"
                 conn.request(method, target, body=body, headers=headers)
                 resp = conn.getresponse()
@@ -205,9 +206,13 @@ def run_load(
                         away = None
                     if away is not None:
                         outside.append(away)
-                        recent.append(away)
-                        if len(outside) % OUTSIDE_EVERY == 0:
-                            allow[0] = max(0.0, percentile(sorted(recent), 99) or 0.0)
+                        recent.append((now, away))
+                        while recent[0][0] < now - OUTSIDE_WINDOW_S:
+                            recent.popleft()
+                        # cold (fewer than OUTSIDE_EVERY answers yet): refreshed every tenth of that
+                        if len(outside) % (OUTSIDE_EVERY if len(outside) > OUTSIDE_EVERY else OUTSIDE_EVERY // 10) == 0:
+                            allow[0] = max(0.0, percentile(sorted(v for _, v in recent), 99) or 0.0)
+                        allow[1] = now + OUTSIDE_WINDOW_S
                 if 200 <= status < 300:
                     latencies.append(now - (t0 + due))
                     done_at.append(now - t0)

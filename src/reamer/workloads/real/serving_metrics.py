@@ -7,7 +7,7 @@ Names (what :mod:`reamer.backends.k8s.telemetry` and the benchmarks read):
 - ``reamer_infer_shed_total{reason}``: requests answered 503 without being computed —
   ``queue_full`` (the bounded queue had no room), ``deadline`` (the expected completion was
   past the request's deadline: never queued), ``expired`` (its deadline passed while it
-  waited: dropped when the batcher would have taken it), ``stopping`` (the server shut down);
+  waited, or would before its batch is done: dropped when the batcher would have taken it), ``stopping`` (the server shut down);
 - ``reamer_infer_samples_total``; histograms ``reamer_infer_request_latency_seconds`` (admission
   to answer ready: queue + batch + run, successful requests), ``reamer_infer_batch_size`` and
   ``reamer_infer_run_seconds`` (``session.run`` per batch);
