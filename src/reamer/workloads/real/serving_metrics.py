@@ -70,7 +70,7 @@ class ServerMetrics:
                             "Admission margin: p99 of how much later than predicted requests were answered.",
                             registry=r)
         self.batch_service = Gauge("reamer_infer_batch_service_seconds",
-                                   "Measured (EWMA) session.run time of a batch of max_batch samples.", registry=r)
+                                   "Measured (EWMA) service time of a batch of max_batch samples.", registry=r)
         for name, help_text, value in (
             ("reamer_infer_threads", "ONNX Runtime intra-op threads.", threads),
             ("reamer_infer_max_batch", "Dynamic batching: most samples per batch.", max_batch),
