@@ -1,5 +1,5 @@
 """The inference server overloaded: does admission control keep the admitted requests within
-the SLO and the goodput near capacity? (issue 18, must-show 4)
+the SLO and the goodput near capacity?
 
     python bench/overload.py --json docs/data/overload.json [--model vgg_cifar] [--slo-ms 250]
 
