@@ -11,7 +11,6 @@ record: the shared :class:`~reamer.backends.state.ClusterState` is rebuilt from 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -112,7 +111,6 @@ def read_state(folder: Path) -> RunState | None:
 
 def set_status(folder: Path, status: Status) -> None:
     """Record how the run ended (nothing when it never wrote a record)."""
-    with contextlib.suppress(FileNotFoundError):
-        st = read_state(folder)
-        if st is not None:
-            write_state(folder, st.model_copy(update={"status": status}))
+    st = read_state(folder)
+    if st is not None:
+        write_state(folder, st.model_copy(update={"status": status}))

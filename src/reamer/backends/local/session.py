@@ -142,14 +142,12 @@ def run_lock(path: Path = LOCK_PATH) -> Iterator[None]:
         os.close(fd)
 
 
-def stop_crashed(prev: RunState, executor: CgroupExecutor, *, graceful: bool, timeout_s: float = 60.0,
+def stop_crashed(prev: RunState, executor: CgroupExecutor, *, timeout_s: float = 60.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
     """The training processes a dead controller left (found by their cgroups, so a reused pid
-    is never hit) leave: with ``graceful``, workers after their current step (SIGTERM), then
-    each PS writes its last checkpoint and exits — waited for up to ``timeout_s``; what is
-    still running after that (or everything, without ``graceful``) the sweep kills."""
-    if not graceful:
-        return
+    is never hit) leave: workers after their current step (SIGTERM), then each PS writes its
+    last checkpoint and exits — waited for up to ``timeout_s``; what is still running after
+    that the sweep kills."""
     cgroups = [(pr.cgroup, pr.role) for j in prev.jobs for pr in j.procs.values()]
     for cg, role in cgroups:
         if role == "worker":
@@ -223,7 +221,7 @@ def _previous(sc: LocalScenario, folder: Path, fresh: bool,
         raise InputError(str(folder / STATE_FILE), "scenario",
                          f"the unfinished run of scenario {prev.scenario!r} exactly as it was, to resume it "
                          "(or pass --fresh to discard it)")
-    stop_crashed(prev, executor, graceful=True)
+    stop_crashed(prev, executor)
     return prev, []
 
 
