@@ -50,13 +50,18 @@ from typing import Any
 import numpy as np
 
 EWMA_ALPHA = 0.1
-# Admission margin: the 99th percentile (the quantile the SLOs here judge) of how much later
-# than predicted the requests answered in the last MARGIN_WINDOW_S seconds were, recomputed
+# Admission margin: the MARGIN_QUANTILE percentile of how much later than predicted the
+# requests answered in the last MARGIN_WINDOW_S seconds were, recomputed
 # every MARGIN_EVERY answers (0.3 s at the ~300 requests/s of bench/overload.py: the window
 # holds ~600, short enough to follow the onset of overload, long enough for a p99). It learns
 # only from answered requests, so it expires with them: once nothing was answered for
 # MARGIN_WINDOW_S (a transient made it so large that everything is shed) it is 0 again.
-MARGIN_QUANTILE = 99.0
+# The SLOs here judge the 99th percentile: 1 % of requests may be late. Under overload the
+# admitted requests are answered close to their deadline, so a request is late when either
+# this margin or the client's allowance for the way there and back (the load generator's
+# OUTSIDE_QUANTILE) falls short; each is held to half of that 1 % (a union bound), or the two
+# would miss ~2 % together.
+MARGIN_QUANTILE = 99.5
 MARGIN_WINDOW_S = 2.0
 MARGIN_EVERY = 100
 log = logging.getLogger(__name__)

@@ -67,7 +67,7 @@ class ServerMetrics:
         self.expected_wait = Gauge("reamer_infer_expected_wait_seconds",
                                    "Expected time to answer a one-sample request arriving now.", registry=r)
         self.margin = Gauge("reamer_infer_admission_margin_seconds",
-                            "Admission margin: p99 of how much later than predicted requests were answered.",
+                            "Admission margin: 99.5th percentile of how much later than predicted requests were answered.",
                             registry=r)
         self.batch_service = Gauge("reamer_infer_batch_service_seconds",
                                    "Measured (EWMA) service time of a batch of max_batch samples.", registry=r)
