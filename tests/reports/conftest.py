@@ -3,13 +3,9 @@ what the live page holds, not what the Python side meant to draw."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-CHROMEDRIVER = shutil.which("chromedriver")
 
 # every plot's traces, axes and titles as the browser holds them (after plotly drew them)
 PLOTS_JS = """
@@ -30,27 +26,6 @@ return Array.from(document.querySelectorAll('.js-plotly-plot')).map(function (gd
           })};
 });
 """
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed (pip install 'selenium>=4.20')")
-    if not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--allow-file-access-from-files", "--window-size=1400,1000"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture

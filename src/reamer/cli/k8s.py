@@ -25,6 +25,8 @@ Namespace = Annotated[str, typer.Option("--namespace", "-n", help="namespace of 
 Interval = Annotated[float, typer.Option(help="seconds between control rounds")]
 MetricsPort = Annotated[int | None, typer.Option(help="serve /metrics /healthz /readyz on this port (0: any free)")]
 MetricsHost = Annotated[str, typer.Option(help="address for --metrics-port (loopback unless told)")]
+DashboardPort = Annotated[int | None, typer.Option(help="serve the live dashboard on this port (0: any free; "
+                                                        "bound to --metrics-host)")]
 CrashAt = Annotated[list[str] | None, typer.Option(hidden=True, help="fault injection for restart tests: POINT[:N]")]
 
 
@@ -47,15 +49,36 @@ def _connect(kubeconfig: str | None):
         raise InputError(kubeconfig or "kubeconfig", "file", "a readable kubeconfig", str(e)) from None
 
 
-def _serve(component: str, interval_s: float, port: int | None, host: str, ready):
+def _serve(component: str, interval_s: float, port: int | None, host: str, ready, stream=None):
     from reamer.runtime.k8s import Health, RoundMetrics, serve_health
+    from reamer.runtime.prom import RoundCollector
 
     health = Health(interval_s, ready=ready)
     metrics = RoundMetrics(health.registry, component)
+    if stream is not None:  # the rounds' series (the agent runs no control round)
+        health.registry.register(RoundCollector(stream, decisions=False))  # RoundMetrics counts them
     if port is not None:
         _, bound = serve_health(health, host, port)
         print(json.dumps({"component": component, "metrics_port": bound}), flush=True)
     return health, metrics
+
+
+def _stream(component: str, port: int | None, host: str, meta: dict):
+    """The component's round stream (its /metrics reads it), served on the dashboard when
+    ``port`` is given."""
+    from reamer.runtime.rounds import RoundStream
+
+    stream = RoundStream({"backend": "kubernetes", "component": component, **meta},
+                         keep=10_000 if port is not None else 100)
+    if port is not None:
+        from reamer.dashboard import serve
+
+        try:
+            dash = serve(stream, host, port)
+        except OSError as e:
+            raise InputError("--dashboard-port", "value", f"a free port on {host}", str(e)) from None
+        print(json.dumps({"component": component, "dashboard_port": dash.port}), flush=True)
+    return stream
 
 
 def _stop_on_signals() -> threading.Event:
@@ -136,6 +159,7 @@ def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", 
                                                                  "leave its node")] = 60.0,
                stale: Stale = 30.0, max_moves: MaxMoves = 5,
                metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
+               dashboard_port: DashboardPort = None,
                rounds: Rounds = None, crash_at: CrashAt = None) -> None:
     """Reconcile TrainingJobs with a training policy (NEARCHUS): pods, resizes, PS/worker changes."""
     from reamer.backends.k8s.cluster import Informers
@@ -153,17 +177,20 @@ def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", 
             hb, hpol = _harvester(kube, inf, namespace, harvest, stale, max_moves, interval, fault, "--harvest")
         else:
             inf = Informers(kube, namespace, kinds=("nodes", "pods", "jobs", "slacks"))
+        stream = _stream("controller", dashboard_port, metrics_host,
+                         {"scenario": namespace, "policy": policy, "harvest": harvest})
     except InputError as e:
         _fail(e)
+    on_round = stream.publish
     inf.start()
     backend = K8sTraining(kube, inf, namespace, shipped_profiles().models, yield_timeout_s=yield_timeout, fault=fault)
     if harvest is not None:
-        step = rt.joint_step(backend, pol, hb, hpol, time.time)
+        step = rt.joint_step(backend, pol, hb, hpol, time.time, on_round)
         counts = lambda: {**backend.counts, **{f"inference_{k}": v for k, v in hb.counts.items()}}  # noqa: E731
     else:
-        step, counts = rt.controller_step(backend, pol, time.time), lambda: backend.counts
+        step, counts = rt.controller_step(backend, pol, time.time, on_round), lambda: backend.counts
     health, metrics = _serve("controller", interval, metrics_port, metrics_host,
-                             lambda: all(r.synced.is_set() for r in inf.reflectors.values()))
+                             lambda: all(r.synced.is_set() for r in inf.reflectors.values()), stream)
     log.info("controller: namespace %s, policy %s%s, every %.1f s", namespace, policy,
              f" + {harvest} (joint rounds)" if harvest else "", interval)
     rt.loop(step, interval_s=interval, stop=_stop_on_signals(), health=health, metrics=metrics, counts=counts,
@@ -178,6 +205,7 @@ def scheduler(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", i
                                                              help="harvesting policy")] = "reamer",
               stale: Stale = 30.0, max_moves: MaxMoves = 5,
               metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
+              dashboard_port: DashboardPort = None,
               rounds: Rounds = None, crash_at: CrashAt = None) -> None:
     """Place and guard InferenceService pods (schedulerName: reamer) on the published slack."""
     from reamer.backends.k8s.cluster import Informers
@@ -189,12 +217,13 @@ def scheduler(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", i
         inf = Informers(kube, namespace)
         backend, pol = _harvester(kube, inf, namespace, policy, stale, max_moves, interval,
                                   rt.crash_at(crash_at) if crash_at else no_fault, "--policy")
+        stream = _stream("scheduler", dashboard_port, metrics_host, {"scenario": namespace, "harvest": policy})
     except InputError as e:
         _fail(e)
     inf.start()
     health, metrics = _serve("scheduler", interval, metrics_port, metrics_host,
-                             lambda: all(r.synced.is_set() for r in inf.reflectors.values()))
-    rt.loop(rt.scheduler_step(backend, pol, time.time), interval_s=interval, stop=_stop_on_signals(),
+                             lambda: all(r.synced.is_set() for r in inf.reflectors.values()), stream)
+    rt.loop(rt.scheduler_step(backend, pol, time.time, stream.publish), interval_s=interval, stop=_stop_on_signals(),
             health=health, metrics=metrics, counts=lambda: backend.counts, max_rounds=rounds)
     inf.stop()
 

@@ -14,7 +14,7 @@ from reamer.errors import InputError
 from reamer.models.profiles import Profiles
 from reamer.reports.local import failures, phases, summarize, write_local_report
 from reamer.runtime.local import run_scenario
-from reamer.runtime.rounds import RoundRecord
+from reamer.runtime.rounds import RoundRecord, RoundStream
 
 
 def _round_line(r: RoundRecord) -> str:
@@ -33,22 +33,39 @@ def _round_line(r: RoundRecord) -> str:
 
 
 def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Console, report: Path, *,
-             state_dir: Path | None = None, fresh: bool = False,
-             keep_state: bool = False) -> tuple[dict[str, float], list[dict]]:
+             state_dir: Path | None = None, fresh: bool = False, keep_state: bool = False,
+             dashboard: tuple[str, int] | None = None) -> tuple[dict[str, float], list[dict]]:
     """Run ``sc`` for real; Ctrl-C or SIGTERM stop it and still remove every process and
     cgroup. With ``state_dir`` the run is crash-safe (an unfinished run there is resumed, or
-    with ``fresh`` discarded). Returns its metrics and what failed during it."""
+    with ``fresh`` discarded); with ``dashboard`` (host, port) its live dashboard is served
+    there while it runs. Returns its metrics and what failed during it."""
     missing = [s.model for s in sc.services if s.model not in profiles.inference]
     if missing:
         raise InputError("profiles", "inference", f"a service-time profile for {missing[0]} (run: reamer calibrate)")
+    stream = RoundStream({"scenario": sc.name, "backend": "local", "policy": sc.policy.training,
+                          "harvest": sc.policy.harvest if sc.services else None})
+    dash = None
+    if dashboard is not None:
+        from reamer.dashboard import serve
+
+        try:
+            dash = serve(stream, *dashboard)
+        except OSError as e:
+            raise InputError("--dashboard-port", "value", f"a free port on {dashboard[0]}", str(e)) from None
+        console.print(f"dashboard: {dash.url}", highlight=False)
     with sigterm_as_interrupt():
         console.print(f"[bold]real run[/bold]: {sc.name} ({len(sc.hosts)} testbed hosts, "
                       f"{len(sc.jobs)} training job(s), {len(sc.services)} service(s); up to {sc.max_s:g} s)")
         try:
-            run = run_scenario(sc, profiles, on_round=lambda r: console.print(_round_line(r), highlight=False),
+            run = run_scenario(sc, profiles,
+                               on_round=stream.hook(lambda r: console.print(_round_line(r), highlight=False)),
                                state_dir=state_dir, fresh=fresh, keep_state=keep_state)
         except RunLocked as e:
             raise InputError("reamer local", "machine", "no other real run on this machine", str(e)) from None
+        finally:
+            stream.finish()
+            if dash is not None:
+                dash.close()
     slo = {s.id: s.slo_p99_ms for s in sc.services}
     for line in run.recovered:
         console.print(line, highlight=False)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from reamer.config.scenario import Scenario
     from reamer.models.profiles import Profiles
     from reamer.runtime import RunResult
+    from reamer.runtime.rounds import RoundHook, RoundStream
 
 app = typer.Typer(cls=Group, no_args_is_help=True,
                   help="Reamer: adaptive training allocation + inference on spare CPU, for ML clusters.")
@@ -76,6 +77,9 @@ parse_log_level = choice_parser(lambda: [m.value for m in LogLevel], case_sensit
 
 JsonOut = Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here (docs/results-format.md); "
                                                              "- : to stdout (everything else then goes to stderr)")]
+DashboardOpt = Annotated[bool, typer.Option("--dashboard", help="Serve a live dashboard of the run (docs/dashboard.md)")]
+DashboardHost = Annotated[str, typer.Option(help="Address of --dashboard (loopback unless told)")]
+DashboardPort = Annotated[int, typer.Option(min=0, max=65535, help="Port of --dashboard (0: a free one, printed)")]
 ProfilesOpt = Annotated[Path | None, typer.Option(envvar="REAMER_PROFILES",
                                                   help="Calibrated profile JSON (reamer calibrate; default: the shipped one)")]
 
@@ -120,7 +124,7 @@ def _scenario(path: Path | None) -> Scenario:
 
 
 def run_policies(sc: Scenario, policies: list[str] | list[tuple[str, str | None]], profiles: Profiles,
-                 quiet: bool = False, track: int = 0) -> list[RunResult]:
+                 quiet: bool = False, track: int = 0, on_round: RoundHook | None = None) -> list[RunResult]:
     """Run each policy (a training policy, or a (training, harvest) pair) on the same scenario
     and seed, with a progress bar."""
     from rich.progress import (
@@ -140,7 +144,7 @@ def run_policies(sc: Scenario, policies: list[str] | list[tuple[str, str | None]
             name, harvest = item if isinstance(item, tuple) else (item, None)
             task = bar.add_task(f"{sc.name}/{name}" + (f"+{harvest}" if harvest else ""), total=None)
             res = simulate(sc, name, progress=lambda done, total, t=task: bar.update(t, completed=done, total=total),
-                           track=track, profiles=profiles, harvest=harvest)
+                           track=track, profiles=profiles, harvest=harvest, on_round=on_round)
             results.append(res)
     return results
 
@@ -204,6 +208,12 @@ def simulate_command(
     report: Annotated[Path | None, typer.Option(help="Write an interactive HTML report")] = None,
     profiles: ProfilesOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables (the JSON and the report still)")] = False,
+    dashboard: Annotated[bool, typer.Option("--dashboard", help="Replay the run on a live dashboard (one policy), "
+                                            "until Ctrl-C (docs/dashboard.md)")] = False,
+    dashboard_host: DashboardHost = "127.0.0.1",
+    dashboard_port: DashboardPort = 0,
+    replay_s: Annotated[float, typer.Option(min=1.0, help="--dashboard replays the whole run in this many "
+                                                          "seconds")] = 60.0,
 ) -> None:
     """Simulate a scenario under one or more policies (same seed, side by side)."""
     from reamer.models.profiles import load_profiles
@@ -227,7 +237,17 @@ def simulate_command(
             for h in harvests:
                 harvest_policy(sc.policy, sc.source, prof.inference, sc.inference.interval_s, h)
         runs = [(n, h) for n in names for h in harvests]
-        results = run_policies(sc, runs, prof, quiet, track=6 if report else 0)
+        stream = None
+        if dashboard:
+            if len(runs) != 1:
+                raise InputError("--dashboard", "value", "one --policy (and one --harvest) to replay",
+                                 f"{len(runs)} runs asked for")
+            from reamer.runtime.rounds import RoundStream
+
+            stream = RoundStream({"scenario": sc.name, "backend": "simulator", "policy": runs[0][0],
+                                  "harvest": runs[0][1] or (sc.policy.harvest if sc.inference else None)})
+        results = run_policies(sc, runs, prof, quiet, track=6 if report else 0,
+                               on_round=stream.publish if stream is not None else None)
     out = human(json_out)
     colo = sc.inference is not None
     if not quiet:
@@ -242,6 +262,35 @@ def simulate_command(
         write_report(report, f"Reamer: {sc.name}, seed {sc.seed}", results, **({"table": _colo_rows(results)}
                                                                                 if colo else {}))
         console.print(f"report: {report}")
+    if stream is not None:
+        _replay(stream, dashboard_host, dashboard_port, replay_s)
+
+
+def _replay(stream: RoundStream, host: str, port: int, replay_s: float) -> None:
+    """Serve ``stream`` (a finished simulated run) on the dashboard, replayed over ``replay_s``
+    seconds, until Ctrl-C."""
+    import time
+
+    from reamer.dashboard import serve
+
+    got, _, _ = stream.since(0)
+    span = got[-1]["t"] - got[0]["t"] if len(got) > 1 else 0.0
+    stream.finish()
+    stream.replay(max(span / replay_s, 1e-9))
+    with _errors():
+        try:
+            dash = serve(stream, host, port)
+        except OSError as e:
+            raise InputError("--dashboard-port", "value", f"a free port on {host}", str(e)) from None
+    console.print(f"dashboard: {dash.url} (replaying {len(got)} rounds, {span:,.0f} simulated s, in "
+                  f"{replay_s:g} s; Ctrl-C to stop)", highlight=False)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dash.close()
 
 
 @app.command()
@@ -325,6 +374,9 @@ def local_command(
     fresh: Annotated[bool, typer.Option("--fresh", help="Discard an unfinished run in the state folder")] = False,
     keep_state: Annotated[bool, typer.Option("--keep-state",
                                              help="Keep the state folder after a run that finished")] = False,
+    dashboard: DashboardOpt = False,
+    dashboard_host: DashboardHost = "127.0.0.1",
+    dashboard_port: DashboardPort = 0,
 ) -> None:
     """Run a local scenario for real: testbed hosts, cgroups, real PS training and inference.
     Crash-safe: after a crash, the same command resumes the jobs from their checkpoints."""
@@ -344,7 +396,7 @@ def local_command(
             raise InputError("reamer local", "machine", "root, writable cgroups, iproute2, torch, onnxruntime", reason)
         metrics, failed = run_real(sc, prof, console, human(json_out), report,
                                    state_dir=state_dir or default_state_dir(sc.name), fresh=fresh,
-                                   keep_state=keep_state)
+                                   keep_state=keep_state, dashboard=(dashboard_host, dashboard_port) if dashboard else None)
     if json_out:
         name = sc.policy.training + (f"+{sc.policy.harvest}" if sc.services and sc.policy.harvest else "")
         emit_json(json_out, _document("local", [{**run_entry(sc.name, sc.seed, name, metrics), "failures": failed}]))

@@ -87,6 +87,7 @@ class ServiceState:
     mem_mib_per_replica: float = 2048.0
     min_replicas: int | None = None  # the service's own bounds (None: the policy's defaults)
     max_replicas: int | None = None
+    observed_error_rate: float | None = None  # share of the last window's requests that failed (None: not measured)
 
 
 @dataclass(frozen=True, slots=True)

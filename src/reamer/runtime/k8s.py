@@ -37,7 +37,8 @@ from prometheus_client import (
 from reamer.backends.k8s.inference import K8sInference
 from reamer.backends.k8s.training import K8sTraining
 from reamer.control import HarvestPolicy, Policy, Round, control_round, harvest_round, joint_round
-from reamer.runtime.rounds import thresholds_of
+from reamer.policies.diagnosis import Thresholds
+from reamer.runtime.rounds import RoundHook, record, thresholds_of
 
 log = logging.getLogger(__name__)
 
@@ -120,42 +121,52 @@ def loop(step: Callable[[], Round | None], *, interval_s: float, stop: threading
     return n
 
 
-def controller_step(backend: K8sTraining, policy: Policy, clock: Callable[[], float]) -> Callable[[], Round]:
-    """One controller round: NEARCHUS's control round, then each job's diagnosis in its status."""
+def _publish(training: Round | None, harvest: Round | None, th: Thresholds, on_round: RoundHook | None) -> None:
+    """Log each decision with what the round measured, and hand the round's record on."""
+    rec = record(training, harvest, th)
+    for d, why in zip(rec.decisions, rec.reasons, strict=True):
+        log.info("decided %s (%s)", d, why or "-")
+    if on_round is not None:
+        on_round(rec)
+
+
+def controller_step(backend: K8sTraining, policy: Policy, clock: Callable[[], float],
+                    on_round: RoundHook | None = None) -> Callable[[], Round]:
+    """One controller round: NEARCHUS's control round, then each job's diagnosis in its status;
+    its record goes to ``on_round`` (the dashboard's round stream)."""
     th = thresholds_of(policy)
 
     def step() -> Round:
         rnd = control_round(backend, policy, clock())
-        for d in rnd.decisions:
-            log.info("decided %s", d)
+        _publish(rnd, None, th, on_round)
         backend.report(rnd.decisions, th, rnd.now)
         return rnd
 
     return step
 
 
-def scheduler_step(backend: K8sInference, policy: HarvestPolicy, clock: Callable[[], float]) -> Callable[[], Round]:
+def scheduler_step(backend: K8sInference, policy: HarvestPolicy, clock: Callable[[], float],
+                   on_round: RoundHook | None = None) -> Callable[[], Round]:
     """One scheduler round: Cloud Reamer's harvest round (place, guard, bind)."""
+    th = thresholds_of(policy)
 
     def step() -> Round:
         rnd = harvest_round(backend, policy, clock())
-        for d in rnd.decisions:
-            log.info("decided %s", d)
+        _publish(None, rnd, th, on_round)
         return rnd
 
     return step
 
 
 def joint_step(backend: K8sTraining, policy: Policy, harvest: K8sInference, harvest_policy: HarvestPolicy,
-               clock: Callable[[], float]) -> Callable[[], Round]:
+               clock: Callable[[], float], on_round: RoundHook | None = None) -> Callable[[], Round]:
     """One process for both (small clusters): :func:`reamer.control.joint_round` — training
     decides, inference moves first, then training records its shape and converges."""
     th = thresholds_of(policy)
 
     def step() -> Round:
         rnd, hrnd = joint_round(backend, policy, harvest, harvest_policy, clock())
-        for d in (*rnd.decisions, *hrnd.decisions):
-            log.info("decided %s", d)
+        _publish(rnd, hrnd, th, on_round)
         backend.report(rnd.decisions, th, rnd.now)
         return Round(rnd.now, (*rnd.decisions, *hrnd.decisions), rnd.snapshot)
 

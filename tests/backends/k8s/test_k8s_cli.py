@@ -76,3 +76,49 @@ def test_controller_with_harvest_runs_both_in_joint_rounds(kube, ns, devcluster)
     assert [x["spec"].get("nodeName") for x in replica_pods(kube, ns, "vgg")] == ["gpu-a"]
     bad = subprocess.run([*cmd[:-4], "--harvest", "nearchus"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--harvest" in bad.stderr and "harvest policies" in bad.stderr
+
+
+def test_the_controller_serves_its_rounds_on_the_dashboard_and_as_series(kube, ns, devcluster, browser):
+    """The joint controller (NEARCHUS + Reamer in one process) against the real API server,
+    with --dashboard-port: the dashboard's API holds its rounds (both halves), the page draws
+    them in headless Chromium, and /metrics has the rounds' series."""
+    from test_k8s_scheduler import inference_service
+
+    from reamer.runtime.rounds import CPU_BANDS
+
+    make_node(kube, "gpu-d", 16)
+    publish_slack(kube, "gpu-d", reported_at=time.time() + 60, cores=16)
+    kube.create(custom("trainingjobs", ns), training_job("dj", ps=1, workers=1))
+    kube.create(custom("inferenceservices", ns), inference_service("dvgg"))
+    p = subprocess.Popen([REAMER, "k8s", "controller", "--kubeconfig", str(devcluster.kubeconfig()), "-n", ns,
+                          "--interval", "0.3", "--policy", "nearchus", "--harvest", "reamer", "--metrics-port", "0",
+                          "--dashboard-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ports = {k: v for _ in range(2) for k, v in json.loads(p.stdout.readline()).items() if k.endswith("_port")}
+        dash, metrics = f"http://127.0.0.1:{ports['dashboard_port']}/", f"http://127.0.0.1:{ports['metrics_port']}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = json.loads(urllib.request.urlopen(dash + "api/rounds?since=0", timeout=5).read())
+            if len(got["rounds"]) >= 3 and any("dj" in r["shapes"] for r in got["rounds"]):
+                break
+            time.sleep(0.2)
+        rounds = got["rounds"]
+        assert got["meta"]["backend"] == "kubernetes" and not got["finished"]
+        assert all(r["halves"] == ["training", "harvest"] for r in rounds)
+        assert "dvgg" in rounds[-1]["inference"] and set(CPU_BANDS) <= set(rounds[-1]["nodes"]["gpu-d"])
+        text = urllib.request.urlopen(metrics + "/metrics", timeout=5).read().decode()
+        assert 'reamer_job_cpu_cores{job="dj"}' in text and 'reamer_service_slo_seconds{service="dvgg"}' in text
+        assert 'reamer_node_cpu_cores{node="gpu-d",use="inference"}' in text
+        browser.get_log("browser")
+        browser.get(dash)
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        WebDriverWait(browser, 30).until(lambda d: d.execute_script(
+            "return window.reamerDashboard && reamerDashboard.draws > 0 && reamerDashboard.rounds.length >= 3"))
+        drawn = browser.execute_script("return document.getElementById('plot-cores').data.map(function (t) { "
+                                       "return t.name; })")
+        assert drawn == ["dj"]
+        assert not [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        p.terminate()
+        assert p.wait(20) == 0

@@ -232,6 +232,8 @@ class LocalInference:
                     # failures count at the client's timeout: a window of errors is a miss, not "no data"
                     p99 = ln.obj.get("p99_with_failures_ms", ln.obj["p99_ms"])
                     rec.last_p99_s = p99 / 1e3 if p99 is not None else None
+                    sent = ln.obj["ok"] + ln.obj["errors"]
+                    rec.last_error_rate = ln.obj["errors"] / sent if sent else None
         return self.replicas.snapshot(now, usage, {sid: s.spec.rates[0] for sid, s in self.services.items()})
 
     # ------------------------------------------------------------------ actuate
