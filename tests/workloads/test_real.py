@@ -394,7 +394,7 @@ def test_the_admission_margin_is_a_high_percentile_of_how_late_answers_were(tmp_
 
 
 def test_service_times_interpolate_between_measured_batch_sizes():
-    t = ServiceTimes(8, alpha=0.5)
+    t = ServiceTimes(8, alpha=0.5, window=1)  # the EWMA alone
     assert t.estimate(3) == 0.0  # nothing measured
     t.observe(1, 0.010)
     assert t.estimate(4) == pytest.approx(0.040)  # beyond the largest measured: proportional
@@ -402,7 +402,24 @@ def test_service_times_interpolate_between_measured_batch_sizes():
     assert t.estimate(8) == 0.050 and t.estimate(0) == 0.0
     assert t.estimate(4) == pytest.approx(0.010 + 0.040 * 3 / 7)
     t.observe(8, 0.070)
-    assert t.estimate(8) == pytest.approx(0.060)  # an EWMA
+    assert t.estimate(8) == pytest.approx(0.070)  # the last one is larger than the EWMA (0.060)
+    t.observe(8, 0.030)
+    assert t.estimate(8) == pytest.approx(0.045)  # the EWMA, larger than the last
+
+
+def test_service_times_follow_a_step_up_at_once_and_a_step_down_slowly():
+    """A windowed max over the last batches: a slowdown (more load on the replica's cores)
+    counts from its first batch; a speed-up only once the window has forgotten the slow ones."""
+    t = ServiceTimes(8, alpha=0.1, window=10)
+    for _ in range(50):
+        t.observe(8, 0.020)
+    t.observe(8, 0.030)
+    assert t.estimate(8) == pytest.approx(0.030)  # the EWMA alone: 0.021
+    for _ in range(9):
+        t.observe(8, 0.020)
+    assert t.estimate(8) == pytest.approx(0.030)  # still in the window
+    t.observe(8, 0.020)
+    assert t.estimate(8) < 0.022  # forgotten: the EWMA's
 
 
 def test_exported_onnx_matches_pytorch(tmp_path):

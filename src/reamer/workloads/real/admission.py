@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 EWMA_ALPHA = 0.1
+MAX_WINDOW = 10  # batches: the EWMA's horizon (1 / EWMA_ALPHA)
 # Admission margin: the MARGIN_QUANTILE percentile of how much later than predicted the
 # requests answered in the last MARGIN_WINDOW_S seconds were, recomputed
 # every MARGIN_EVERY answers (0.3 s at the ~300 requests/s of bench/overload.py: the window
@@ -96,17 +97,25 @@ Outcome = Served | Shed | Failed
 
 
 class ServiceTimes:
-    """Per batch size 1..``max_batch``, an EWMA of the measured run time (seconds)."""
+    """Per batch size 1..``max_batch``, the service time (seconds) admission predicts with: the
+    larger of an EWMA of the measured times and the largest of the last ``window`` measured
+    (a windowed max filter, as BBR keeps for bandwidth, over about the EWMA's horizon). The
+    EWMA alone lags a step in load by about ten batches, and under overload the queue fills
+    to the deadline within that lag on the old, shorter times."""
 
-    def __init__(self, max_batch: int, alpha: float = EWMA_ALPHA):
+    def __init__(self, max_batch: int, alpha: float = EWMA_ALPHA, window: int = MAX_WINDOW):
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha: expected in (0, 1], got {alpha!r}")
         self.alpha = alpha
+        self.ewma: list[float | None] = [None] * (max_batch + 1)
+        self.recent: list[deque[float]] = [deque(maxlen=max(1, window)) for _ in range(max_batch + 1)]
         self.t: list[float | None] = [None] * (max_batch + 1)
 
     def observe(self, n: int, seconds: float) -> None:
-        old = self.t[n]
-        self.t[n] = seconds if old is None else old + self.alpha * (seconds - old)
+        old = self.ewma[n]
+        self.ewma[n] = seconds if old is None else old + self.alpha * (seconds - old)
+        self.recent[n].append(seconds)
+        self.t[n] = max(self.ewma[n], max(self.recent[n]))
 
     def estimate(self, n: int) -> float:
         """Measured at ``n``, else interpolated between the nearest measured sizes (beyond the
