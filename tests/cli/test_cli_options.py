@@ -188,6 +188,21 @@ def test_simulate_json_dash_writes_json_to_stdout_and_the_table_to_stderr(tmp_pa
     assert not (tmp_path / "-").exists()
 
 
+def test_the_training_table_shows_unfinished_jobs_and_allocation_beside_use(colo):
+    """JCTs are over finished jobs, so the unfinished count stands beside them; allocation
+    beside use; GPU columns only for a cluster with GPUs."""
+    cpu = run("simulate", "-p", "static", "--seed", "7", env={"COLUMNS": "250"})
+    assert cpu.exit_code == 0, cpu.output
+    head = next(ln for ln in cpu.output.splitlines() if "policy" in ln)
+    for col in ("finished", "unfinished", "CPU alloc %", "CPU used %"):
+        assert col in head, head
+    assert "GPU" not in head  # the default scenario has no GPUs
+    gpu = run("simulate", str(colo), "-p", "static", env={"COLUMNS": "250"})
+    assert gpu.exit_code == 0, gpu.output
+    head = next(ln for ln in gpu.output.splitlines() if "policy" in ln and "finished" in ln)
+    assert head.index("GPU alloc %") < head.index("GPU used %")
+
+
 def test_simulate_json_dash_as_a_process_is_parseable(colo):
     p = _run([sys.executable, "-m", "reamer.cli.main", "simulate", str(colo), "--harvest", "reamer", "--json", "-"])
     assert p.returncode == 0, p.stderr

@@ -12,7 +12,7 @@ from reamer.backends.local.session import RunLocked, sigterm_as_interrupt
 from reamer.config.local import LocalScenario
 from reamer.errors import InputError
 from reamer.models.profiles import Profiles
-from reamer.reports.local import failures, phases, summarize, write_local_report
+from reamer.reports.local import failures, label, phases, summarize, write_local_report
 from reamer.runtime.local import run_scenario
 from reamer.runtime.rounds import RoundRecord, RoundStream
 
@@ -84,7 +84,7 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
     m.add_column("metric")
     m.add_column("value", justify="right")
     for k, v in metrics.items():
-        m.add_row(k, f"{v:,.2f}")
+        m.add_row(label(k), f"{v:,.2f}")
     out.print(m)
     for f in failures(run):
         if "job" in f:

@@ -46,10 +46,15 @@ app = typer.Typer(cls=Group, no_args_is_help=True,
 app.add_typer(k8s_app, name="k8s")
 console = Console(stderr=True)
 
-TABLE_KEYS = [("jobs", "jobs", "{:.0f}"), ("mean_jct_s", "mean JCT (h)", "h"), ("p95_jct_s", "p95 JCT (h)", "h"),
+# the training table: JCT and queue over the finished jobs, so the unfinished count beside them;
+# allocation beside use (GPU columns only for a cluster with GPUs)
+TABLE_KEYS = [("jobs", "finished", "{:.0f}"), ("unfinished", "unfinished", "{:.0f}"),
+              ("mean_jct_s", "mean JCT (h)", "h"), ("p95_jct_s", "p95 JCT (h)", "h"),
               ("mean_queue_s", "mean queue (min)", "m"), ("makespan_s", "makespan (h)", "h"),
-              ("cpu_util_pct", "CPU used %", "{:.1f}"), ("gpu_util_pct", "GPU used %", "{:.1f}"),
+              ("cpu_alloc_pct", "CPU alloc %", "{:.1f}"), ("cpu_util_pct", "CPU used %", "{:.1f}"),
+              ("gpu_alloc_pct", "GPU alloc %", "{:.1f}"), ("gpu_util_pct", "GPU used %", "{:.1f}"),
               ("reconfigurations", "reconfigs", "{:.0f}"), ("wall_s", "wall (s)", "{:.1f}")]
+GPU_KEYS = ("gpu_alloc_pct", "gpu_util_pct")
 
 
 COLO_KEYS = [("slo_attainment_pct", "SLO met % (service-min)"), ("training_slowdown_pct", "training slowdown %"),
@@ -152,13 +157,15 @@ def run_policies(sc: Scenario, policies: list[str] | list[tuple[str, str | None]
 def _table(results: list[RunResult], title: str) -> Table:
     from rich.table import Table
 
+    gpus = any(r.metrics.get("gpu_alloc_pct", 0.0) > 0 for r in results)
+    keys = [k for k in TABLE_KEYS if gpus or k[0] not in GPU_KEYS]
     t = Table(title=title)
     t.add_column("policy")
-    for _, label, _ in TABLE_KEYS:
+    for _, label, _ in keys:
         t.add_column(label, justify="right")
     for r in results:
         cells = []
-        for key, _, fmt in TABLE_KEYS:
+        for key, _, fmt in keys:
             v = r.metrics.get(key, float("nan"))
             cells.append(f"{v / 3600:.2f}" if fmt == "h" else f"{v / 60:.1f}" if fmt == "m" else fmt.format(v))
         t.add_row(r.policy, *cells)
