@@ -191,16 +191,18 @@ def test_simulate_json_dash_writes_json_to_stdout_and_the_table_to_stderr(tmp_pa
 def test_the_training_table_shows_unfinished_jobs_and_allocation_beside_use(colo):
     """JCTs are over finished jobs, so the unfinished count stands beside them; allocation
     beside use; GPU columns only for a cluster with GPUs."""
-    cpu = run("simulate", "-p", "static", "--seed", "7", env={"COLUMNS": "250"})
-    assert cpu.exit_code == 0, cpu.output
-    head = next(ln for ln in cpu.output.splitlines() if "policy" in ln)
-    for col in ("finished", "unfinished", "CPU alloc %", "CPU used %"):
-        assert col in head, head
-    assert "GPU" not in head  # the default scenario has no GPUs
-    gpu = run("simulate", str(colo), "-p", "static", env={"COLUMNS": "250"})
-    assert gpu.exit_code == 0, gpu.output
-    head = next(ln for ln in gpu.output.splitlines() if "policy" in ln and "finished" in ln)
-    assert head.index("GPU alloc %") < head.index("GPU used %")
+    from reamer.cli.main import _scenario, _table
+    from reamer.runtime import simulate
+
+    cpu = [c.header for c in _table([simulate(_scenario(None), "static")], "t").columns]
+    assert cpu[:3] == ["policy", "finished", "unfinished"]
+    assert cpu.index("CPU alloc %") + 1 == cpu.index("CPU used %")
+    assert not [h for h in cpu if "GPU" in h]  # the default scenario has no GPUs
+    res = simulate(_scenario(colo), "static", harvest="reamer")
+    gpu = [c.header for c in _table([res], "t").columns]
+    assert gpu.index("GPU alloc %") + 1 == gpu.index("GPU used %")
+    row = dict(zip(gpu, [c._cells[0] for c in _table([res], "t").columns], strict=True))
+    assert row["unfinished"] == f"{res.metrics['unfinished']:.0f}" and row["finished"] == f"{res.metrics['jobs']:.0f}"
 
 
 def test_simulate_json_dash_as_a_process_is_parseable(colo):
