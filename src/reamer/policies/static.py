@@ -36,7 +36,8 @@ class Static:
         out: list[Decision] = []
         for job in snap.queue:
             s = job.spec
-            shape = (s.ps, s.ps_res, s.workers, s.worker_res)
+            p, w = s.ps_res, s.worker_res  # plain numbers: a tuple of them hashes in C
+            shape = (s.ps, p.cpu, p.mem_mib, p.gpu, s.workers, w.cpu, w.mem_mib, w.gpu)
             if shape in failed:
                 continue
             placed = free.place_gang(request_of(s), self.cfg.placement)

@@ -99,6 +99,8 @@ class SimCluster:
         # job id -> factor on its model's CPU input-pipeline cost (time-varying training need;
         # set by backends.sim.inference; empty = the zoo's constant cost)
         self.input_scale: dict[str, float] = {}
+        # node -> Σ of its containers' concurrent flows (_bw), dropped when one of them changes
+        self._active: dict[str, float] = {}
 
     # ------------------------------------------------------------------ events
     def arrive(self, spec: TrainingJob, now: float) -> None:
@@ -198,7 +200,9 @@ class SimCluster:
         jobs: set[str] = set()
         for d in decisions:
             e = self.state.apply(d, now)
-            nodes |= self._carry(e, now)
+            touched = self._carry(e, now)
+            self._changed(touched)
+            nodes |= touched
             if not isinstance(e, Stop):
                 jobs.add(e.job)
         self._refresh(nodes, jobs, now)
@@ -229,7 +233,9 @@ class SimCluster:
     def _released(self, j: _Run, e: Stop) -> set[str]:
         self._account(j, ZERO_STEP)
         j.base = ZERO_STEP
-        return {c.node for c in e.containers}
+        nodes = {c.node for c in e.containers}
+        self._changed(nodes)
+        return nodes
 
     # ------------------------------------------------------------- dynamics
     def _bw(self, c: Container) -> float:
@@ -239,13 +245,20 @@ class SimCluster:
         step (as of the job's current speed; a new container counts as always active), so
         the node carries ``Σ net_busy`` concurrent flows on average.
         """
-        node = self.state.node_by_name[c.node]
-        active = 0.0
-        owner = self.state.owner
-        for cid in self.state.on_node[c.node]:
-            st = self.jobs[owner[cid]].step
-            active += st.net_busy if st.speed > 0 else 1.0
-        return node.nic_gbps / max(1.0, active)
+        active = self._active.get(c.node)
+        if active is None:  # summed once per node until a step or a container there changes
+            active = 0.0
+            owner = self.state.owner
+            for cid in self.state.on_node[c.node]:
+                st = self.jobs[owner[cid]].step
+                active += st.net_busy if st.speed > 0 else 1.0
+            self._active[c.node] = active
+        return self.state.node_by_name[c.node].nic_gbps / max(1.0, active)
+
+    def _changed(self, nodes) -> None:
+        """Forget the flow sums of ``nodes``: a container or a job's step there changed."""
+        for n in nodes:
+            self._active.pop(n, None)
 
     def _progress(self, j: _Run, now: float) -> None:
         """Advance a job's samples to ``now`` at its current speed (called for running jobs,
@@ -263,6 +276,7 @@ class SimCluster:
         self.cpu_used += new.cpu_used - old.cpu_used
         self.gpu_used += new.gpu_used - old.gpu_used
         j.step = new
+        self._changed(c.node for c in j.rec.containers.values())
 
     def _refresh(self, nodes: set[str], jobs: set[str], now: float) -> None:
         """Recompute the speed of ``jobs`` and of every job with a container on ``nodes``."""
