@@ -10,7 +10,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -236,11 +236,3 @@ class RoundStream:
         start = max(0, i - first)
         return rounds[start:], first + len(rounds), done
 
-
-def records(rounds: Iterable[RoundRecord], meta: dict[str, Any] | None = None) -> RoundStream:
-    """A finished stream holding ``rounds`` (a run's recorded rounds, to replay)."""
-    s = RoundStream(meta)
-    for r in rounds:
-        s.publish(r)
-    s.finish()
-    return s
