@@ -1,51 +1,146 @@
-"""Simulator throughput: 10,000 synthetic jobs on 1,523 nodes (the openb cluster) under `static`.
+"""Simulator throughput at cluster scale: wall time, events/s, jobs/s and peak memory of each
+training policy at 2,000-20,000 jobs, with the growth exponent of wall time in jobs.
 
     python bench/sim_speed.py --json bench-sim_speed.json
-Metrics: events_per_s, jobs_per_s, wall_s (plus events and jobs).
+    python bench/sim_speed.py --policies static --clusters pai6500 --jobs 2000 20000   # one line
+
+The jobs are the first N rows of ``../shared/data/pai_synthetic/jobs.csv`` (GPU jobs shaped
+like the Alibaba PAI 2020 simulator's trace: groups of 1,000 every 60 s), on two clusters:
+``pai6500`` (the workload's own 6,500 GPUs in 8-GPU nodes) and ``openb`` (the 1,523 nodes
+of the openb node list). Each run is a fresh process (so its peak RSS is its own); wall time
+is the ``simulate`` call, job list reading included. ``--limit-s`` stops a run that takes
+longer: it is reported with ``timed_out`` and left out of the exponent.
+
+Runs: params ``jobs``, ``cluster``; metrics ``wall_s``, ``events_per_s``, ``jobs_per_s``,
+``peak_rss_mib``, ``events``, ``rounds``, ``timed_out``. Ratios: ``growth_exponent_<policy>``
+(least-squares slope of log wall time against log jobs over every finished run of the
+policy, both clusters) and ``growth_exponent_<policy>_<cluster>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import resource
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from _common import OPENB_NODES, openb_cluster
+import numpy as np
+from _common import OPENB_NODES, SHARED_DATA
 from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
 
-from reamer.runtime import simulate
-from reamer.config.scenario import parse_scenario
 from reamer.reports.results import document, run_entry, write_json
+
+PAI = SHARED_DATA / "pai_synthetic"
+CLUSTERS = ("pai6500", "openb")
+POLICIES = ("static", "nearchus", "optimus")
+SIZES = (2000, 5000, 10000, 20000)
+
+
+def scenario_text(jobs_csv: Path, cluster: str) -> str:
+    if cluster == "pai6500":
+        head = (PAI / "scenario.yaml").read_text().split("workload:")[0]
+        return head + f"workload: {{kind: joblist, path: {jobs_csv}}}\n"
+    return (f"name: pai-synthetic-on-openb\nseed: 1\ncluster: {{node_list: {OPENB_NODES}, nic_gbps: 10}}\n"
+            f"workload: {{kind: joblist, path: {jobs_csv}}}\n")
+
+
+def one(jobs: int, cluster: str, policy: str) -> dict:
+    """Run one simulation in this process and return its metrics."""
+    from reamer.config.scenario import load_scenario
+    from reamer.runtime import simulate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = (PAI / "jobs.csv").read_text().splitlines()[: jobs + 1]
+        path = Path(tmp) / "jobs.csv"
+        path.write_text("\n".join(rows) + "\n")
+        sc_path = Path(tmp) / "scenario.yaml"
+        sc_path.write_text(scenario_text(path, cluster))
+        sc = load_scenario(sc_path)
+        t0 = time.perf_counter()
+        res = simulate(sc, policy)
+        wall = time.perf_counter() - t0
+    m = res.metrics
+    return {"wall_s": wall, "events_per_s": m["events"] / wall, "jobs_per_s": m["jobs"] / wall,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "events": m["events"], "rounds": m["rounds"], "jobs_done": m["jobs"], "unfinished": res.unfinished,
+            "timed_out": 0}
+
+
+def exponent(points: list[tuple[int, float]]) -> float:
+    if len({j for j, _ in points}) < 2:
+        return math.nan
+    x = np.log([j for j, _ in points])
+    y = np.log([w for _, w in points])
+    return float(np.polyfit(x, y, 1)[0])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", dest="json_out", help="write results here (the docs/results-format.md shape)")
-    ap.add_argument("--jobs", type=int, default=10_000)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--policy", default="static")
+    ap.add_argument("--jobs", type=int, nargs="+", default=list(SIZES))
+    ap.add_argument("--clusters", nargs="+", choices=CLUSTERS, default=list(CLUSTERS))
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    ap.add_argument("--limit-s", type=float, default=600.0, help="stop a run after this many seconds")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child run: JSON on stdout
     args = ap.parse_args()
-    sc = parse_scenario({
-        "name": "sim_speed", "seed": args.seed,
-        "cluster": openb_cluster(),
-        # ≈70% offered CPU load: mean job ≈ 8 cores × ≈4,000 s on ≈125k cores
-        "workload": {"kind": "synthetic", "jobs": args.jobs, "mean_interarrival_s": 0.37,
-                     "runtime_s": [900, 10800]},
-    }, "bench/sim_speed.py")
+    if not (PAI / "jobs.csv").is_file():
+        print(f"bench/sim_speed.py: {PAI / 'jobs.csv'}: expected the pai_synthetic workload (../shared/data)",
+              file=sys.stderr)
+        return 2
+    if "openb" in args.clusters and not OPENB_NODES.is_file():
+        print(f"bench/sim_speed.py: {OPENB_NODES}: expected the openb node list (../shared/data)", file=sys.stderr)
+        return 2
+    if args.one:
+        print(json.dumps(one(args.jobs[0], args.clusters[0], args.policies[0])))
+        return 0
+    runs, table = [], []
+    todo = [(p, c, n) for p in args.policies for c in args.clusters for n in sorted(args.jobs)]
     with Progress(console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(f"{args.jobs} jobs on 1,523 nodes", total=args.jobs)
-        t0 = time.perf_counter()
-        res = simulate(sc, args.policy, progress=lambda d, n: bar.update(task, completed=d))
-        wall = time.perf_counter() - t0
-    m = res.metrics
-    metrics = {"events_per_s": m["events"] / wall, "jobs_per_s": m["jobs"] / wall, "wall_s": wall,
-               "events": m["events"], "jobs": m["jobs"], "rounds": m["rounds"]}
-    params = {"nodes": 1523, "node_source": "openb" if OPENB_NODES.is_file() else "openb-like pools"}
-    print(f"{m['jobs']:.0f} jobs, {m['events']:.0f} events in {wall:.1f} s: "
-          f"{metrics['events_per_s']:,.0f} events/s, {metrics['jobs_per_s']:,.0f} jobs/s", file=sys.stderr)
+        task = bar.add_task("simulations", total=len(todo))
+        for policy, cluster, n in todo:
+            bar.update(task, description=f"{policy} on {cluster}, {n:,} jobs")
+            cmd = [sys.executable, __file__, "--one", "--jobs", str(n), "--clusters", cluster, "--policies", policy]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.limit_s, check=True)
+                m = json.loads(out.stdout.strip().splitlines()[-1])
+            except subprocess.TimeoutExpired:
+                m = {"wall_s": args.limit_s, "timed_out": 1}
+            except subprocess.CalledProcessError as e:
+                print(f"bench/sim_speed.py: {policy} on {cluster} with {n} jobs failed:\n{e.stderr}", file=sys.stderr)
+                return 1
+            runs.append(run_entry(f"pai_synthetic-{n}", 1, policy, m, {"jobs": n, "cluster": cluster}))
+            table.append((policy, cluster, n, m))
+            bar.advance(task)
+    ratios = {}
+    for policy in args.policies:
+        done = [(r["params"]["jobs"], r["metrics"]["wall_s"]) for r in runs
+                if r["policy"] == policy and not r["metrics"]["timed_out"]]
+        ratios[f"growth_exponent_{policy}"] = exponent(done)
+        for cluster in args.clusters:
+            ratios[f"growth_exponent_{policy}_{cluster}"] = exponent(
+                [(r["params"]["jobs"], r["metrics"]["wall_s"]) for r in runs if r["policy"] == policy
+                 and r["params"]["cluster"] == cluster and not r["metrics"]["timed_out"]])
+    t = Table(title="Simulator throughput (pai_synthetic jobs)")
+    for col in ("policy", "cluster", "jobs", "wall (s)", "events/s", "jobs/s", "peak RSS (MiB)"):
+        t.add_column(col, justify="left" if col in ("policy", "cluster") else "right")
+    for policy, cluster, n, m in table:
+        if m["timed_out"]:
+            t.add_row(policy, cluster, f"{n:,}", f"> {m['wall_s']:.0f}", "–", "–", "–")
+        else:
+            t.add_row(policy, cluster, f"{n:,}", f"{m['wall_s']:.1f}", f"{m['events_per_s']:,.0f}",
+                      f"{m['jobs_per_s']:,.0f}", f"{m['peak_rss_mib']:.0f}")
+    Console(stderr=True).print(t)
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}", file=sys.stderr)
     if args.json_out:
-        write_json(args.json_out, document("sim_speed", [run_entry(sc.name, args.seed, args.policy, metrics, params)]))
+        write_json(args.json_out, document("sim_speed", runs, ratios))
     return 0
 
 

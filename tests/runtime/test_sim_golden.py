@@ -1,9 +1,10 @@
-"""Training-only simulations give exactly the results they gave before the simulator moved
-onto the shared cluster state: every metric of ``reamer simulate --json`` (but ``wall_s``)
-and a digest of every job's record and the time series, for the default scenario under every
-training policy and openb's first 60 pods, seeds 1-3. The expected file was written by
-``tools/sim_golden.py --cases quick --out`` on the revision before; ``--cases full`` compares
-the whole openb trace the same way (minutes)."""
+"""Training-only simulations give exactly the results recorded in the expected file: every
+metric of ``reamer simulate --json`` (but ``wall_s``) and a digest of every job's record and
+the time series, for the default scenario under every training policy and openb's first 60
+pods, seeds 1-3. A change meant to keep results (a faster data structure) must leave them
+bit for bit; one that changes them on purpose rewrites the file with
+``tools/sim_golden.py --cases quick --out tests/runtime/data/sim_training_golden.json`` and
+says why. ``--cases full`` compares the whole openb trace the same way (minutes)."""
 
 from __future__ import annotations
 

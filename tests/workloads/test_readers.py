@@ -8,7 +8,12 @@ from hypothesis import strategies as st
 from reamer.config.scenario import Openb, load_scenario
 from reamer.errors import InputError
 from reamer.models.profiles import shipped_profiles
-from reamer.workloads.build import build_jobs, build_nodes, read_joblist, read_openb_nodes
+from reamer.workloads.build import (
+    build_jobs,
+    build_nodes,
+    read_joblist,
+    read_openb_nodes,
+)
 
 CAL = shipped_profiles().calibration
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"
@@ -92,3 +97,41 @@ def test_jsonl_bad_line(tmp_path):
     p.write_text("{not json}\n")
     with pytest.raises(InputError, match="line 1"):
         read_joblist(p, CAL, 10)
+
+
+POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+PODS = ("p0,8000,1024,1,1000,,LS,Running,0,600,0\n"
+        "p1,4000,1024,1,500,,BE,Failed,10,400,20\n"
+        "p2,4000,1024,2,1000,,LS,Pending,30,900,\n")
+
+
+def _openb(tmp_path, text, **kw):
+    p = tmp_path / "pods.csv"
+    p.write_text(text)
+    sc = load_scenario(None).model_copy(update={
+        "cluster": load_scenario(None).cluster.model_copy(update={"node_pools": [
+            load_scenario(None).cluster.node_pools[0].model_copy(update={"gpus": 8})]}),
+        "workload": Openb(pod_list=p, **kw)})
+    return build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))
+
+
+def test_openb_filters_by_qos_and_phase_and_keeps_recorded_durations(tmp_path):
+    all_ = _openb(tmp_path, POD_HEADER + PODS)
+    assert [j.id for j in all_] == ["p0", "p1", "p2"]
+    assert [j.id for j in _openb(tmp_path, POD_HEADER + PODS, qos=["LS"])] == ["p0", "p2"]
+    assert [j.id for j in _openb(tmp_path, POD_HEADER + PODS, pod_phases=["Running", "Failed"])] == ["p0", "p1"]
+    with pytest.raises(InputError, match="expected at least one pod"):
+        _openb(tmp_path, POD_HEADER + PODS, pod_phases=["Succeeded"])
+
+
+def test_openb_rejects_pods_pinned_to_gpu_models(tmp_path):
+    with pytest.raises(InputError, match=r"pods\.csv: row 3, field gpu_spec: expected empty .*got 'V100M32'"):
+        _openb(tmp_path, POD_HEADER + PODS.replace("p1,4000,1024,1,500,,", "p1,4000,1024,1,500,V100M32,"))
+
+
+def test_a_packing_only_pod_list_needs_a_duration(tmp_path):
+    packing = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,8000,1024,1,1000\np1,4000,1024,0,0\n"
+    with pytest.raises(InputError, match=r"row 2, field deletion_time: expected a pod's recorded times .*duration_s"):
+        _openb(tmp_path, packing)
+    jobs = _openb(tmp_path, packing, duration_s=3600.0)
+    assert len(jobs) == 2 and all(j.samples > 0 for j in jobs)

@@ -87,6 +87,9 @@ class Openb(Strict):
     ps_mem_gib: Pos = 2.0  # memory of that PS
     max_duration_s: Pos = 7 * 86400.0  # pod durations are clipped to [min_duration_s, max_duration_s]
     min_duration_s: Pos = 60.0  # lower clip of pod durations
+    duration_s: Pos | None = None  # the duration of pods without recorded times (a packing-only list)
+    qos: list[str] | None = None  # keep only pods of these QoS classes (None: all)
+    pod_phases: list[str] | None = None  # keep only pods that ended in these phases (None: all)
     models: list[str] = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121",
                          "bert_base", "vit_b16", "gpt2_small"]  # zoo models assigned to pods (seeded choice)
 

@@ -62,6 +62,7 @@ class JobView:
     progress_s: float = 0.0
     started_s: float | None = None
     last_change_s: float | None = None  # last time its allocation changed
+    order: int = 0  # queued jobs: its place in the FIFO queue (increasing along the queue)
 
     @property
     def remaining(self) -> float:

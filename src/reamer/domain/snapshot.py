@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from reamer.domain.cluster import Node, Resources
 from reamer.domain.jobs import JobView
 
@@ -39,6 +41,9 @@ class ClusterSnapshot:
     queue: tuple[JobView, ...]  # queued jobs, in arrival order (FIFO)
     running: tuple[JobView, ...]
     telemetry: Mapping[str, JobTelemetry] = field(default_factory=dict)  # by job id; empty between intervals
+    # ``free`` as read-only rows (cores, MiB, GPUs) in ``nodes`` order (None: build them from ``free``)
+    free_rows: np.ndarray | None = None
+    containers_per_node: np.ndarray | None = None  # PS/worker containers per node, ``nodes`` order
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

@@ -88,7 +88,6 @@ class Side:
     bw_gbps: float
     gpu: float = 0.0
     threads: int | None = None
-    gpu_factor: float = 1.0  # relative GPU speed (models.zoo.gpu_factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +143,7 @@ def step(
             return ZERO_STEP
         busy_cores = min(side.cores, float(side.threads or side.cores))
         if side.gpu > 0 and model.gpu_samples_per_s > 0:
-            gpu_rate = model.gpu_samples_per_s * side.gpu * side.gpu_factor
+            gpu_rate = model.gpu_samples_per_s * side.gpu
             gpu_t = max(gpu_t, batch / gpu_rate)
             t_pipe = max(t_pipe, batch * model.input_core_s_per_sample / e)
             cpu_s += batch * model.input_core_s_per_sample * busy_cores / e

@@ -30,17 +30,3 @@ ZOO: dict[str, ModelProfile] = {
         ModelProfile("bilstm", 2.76, 0.079, 64, 5000.0, _TXT, "Keras IMDB BiLSTM example: 2×BiLSTM(64), emb 128, len 200"),
     )
 }
-
-# Relative fp32 throughput of GPU models in the openb trace (NVIDIA datasheet peak FP32
-# TFLOPS / V100's 15.7). Anonymised models (G2, G3) and unknown ones count as 1.0.
-GPU_FACTOR: dict[str, float] = {
-    "V100M16": 1.0,
-    "V100M32": 1.0,
-    "P100": 9.3 / 15.7,
-    "T4": 8.1 / 15.7,
-    "A10": 31.2 / 15.7,
-}
-
-
-def gpu_factor(gpu_model: str) -> float:
-    return GPU_FACTOR.get(gpu_model, 1.0)

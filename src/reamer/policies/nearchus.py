@@ -159,7 +159,10 @@ class Nearchus:
         self.jobs: dict[str, _Job] = {}
         self._free: FreeMap | None = None
         self._cpu_growth_ok = False
-        self._nic: dict[str, float] = {}  # node -> measured NIC utilization (last telemetry)
+        # per node (FreeMap order): measured NIC utilization (last telemetry); None: nothing measured
+        self._nic: np.ndarray | None = None
+        self._nic_cap = np.zeros(0)
+        self._nic_nodes: object = None
 
     @property
     def thresholds(self) -> Thresholds:
@@ -171,9 +174,11 @@ class Nearchus:
         free = self._free = FreeMap(snap, self._free)
         self._crowd = free.crowding(snap)
         out: list[Decision] = []
+        if snap.nodes is not self._nic_nodes:  # (another) node list: its links
+            self._nic_nodes, self._nic = snap.nodes, None
+            self._nic_cap = np.array([n.nic_gbps for n in snap.nodes], dtype=float)
         if snap.telemetry:
-            self._nic = self._nic_util(snap)
-            self._nic_cap = {n.name: n.nic_gbps for n in snap.nodes}
+            self._nic = self._nic_util(snap, free)
         running = {j.id: j for j in snap.running}
         for jid in list(self.jobs):
             if jid not in running:
@@ -209,11 +214,12 @@ class Nearchus:
         k = self.cfg.stable_samples
         if len(s) < k:
             return None
-        last = np.array(s[-k:])
-        mean = float(last.mean())
+        last = s[-k:]
+        mean = math.fsum(last) / k
         if mean <= 0:
             return None
-        if float(last.std()) / mean <= self.cfg.stable_cv or len(s) >= self.cfg.max_wait_samples:
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in last) / k)  # population std, as numpy's
+        if std / mean <= self.cfg.stable_cv or len(s) >= self.cfg.max_wait_samples:
             return mean
         return None
 
@@ -327,8 +333,9 @@ class Nearchus:
             if p is None:
                 return []
             self._crowd[free.index[p.node]] += 1
-            if self._nic:
-                self._nic[p.node] = self._nic.get(p.node, 0.0) + expect / self._nic_cap[p.node]
+            if self._nic is not None:
+                i = free.index[p.node]
+                self._nic[i] += expect / self._nic_cap[i]
             decisions.append(AddContainer(job.id, p))
             after = cores + tmpl.cpu
         if kind is Action.TRIM:
@@ -378,10 +385,11 @@ class Nearchus:
                 shapes.append(((Role.PS, spec.ps_res),) * spec.ps + ((Role.WORKER, wres),) * w)
         return list(dict.fromkeys(shapes))
 
-    def _nic_util(self, snap: ClusterSnapshot) -> dict[str, float]:
-        """Per node: Σ measured throughput of its PS/worker containers ÷ the node's NIC."""
-        nic = {n.name: n.nic_gbps for n in snap.nodes}
-        load: dict[str, float] = {}
+    def _nic_util(self, snap: ClusterSnapshot, free: FreeMap) -> np.ndarray | None:
+        """Per node: Σ measured throughput of its PS/worker containers ÷ the node's NIC (None:
+        no container measured)."""
+        load = np.zeros(len(free.names))
+        index, measured = free.index, False
         for job in snap.running:
             tel = snap.telemetry.get(job.id)
             if tel is None:
@@ -389,16 +397,16 @@ class Nearchus:
             for c in job.containers:
                 t = tel.containers.get(c.id)
                 if t is not None and c.role is not Role.INFERENCE:
-                    load[c.node] = load.get(c.node, 0.0) + t.net_gbps
-        return {n: v / nic[n] for n, v in load.items() if nic[n] > 0}
+                    load[index[c.node]] += t.net_gbps
+                    measured = True
+        return load / self._nic_cap if measured else None
 
     def _nic_ok(self, free: FreeMap, expect_gbps: float = 0.0) -> np.ndarray | None:
         """Nodes whose NIC keeps headroom (last measurement + ``expect_gbps`` of the new
         container < ``net_saturation``), or None (no limit)."""
-        if not self.cfg.nic_headroom or not self._nic:
+        if not self.cfg.nic_headroom or self._nic is None:
             return None
-        return np.array([self._nic.get(n, 0.0) + expect_gbps / self._nic_cap[n] < self.cfg.net_saturation
-                         for n in free.names])
+        return self._nic + expect_gbps / self._nic_cap < self.cfg.net_saturation
 
     @staticmethod
     def _expected_gbps(job: JobView, role: Role, tel) -> float:

@@ -32,17 +32,21 @@ class FreeMap:
             self.index = {n: i for i, n in enumerate(self.names)}
             self.cap = np.array([(n.cores, n.mem_mib, n.gpus) for n in snap.nodes], dtype=float)
             self._norm = 1.0 / np.maximum(self.cap, 1e-9)
-        free = snap.free
-        self.free = np.fromiter((x for n in self.names for f in (free[n],) for x in (f.cpu, f.mem_mib, f.gpu)),
-                                dtype=float, count=3 * len(self.names)).reshape(-1, 3)
+        self._unfit: list[tuple[float, float, float]] = []  # requests no node could take (place_one)
+        if snap.free_rows is not None:
+            self.free = snap.free_rows.copy()
+        else:
+            free = snap.free
+            self.free = np.fromiter((x for n in self.names for f in (free[n],) for x in (f.cpu, f.mem_mib, f.gpu)),
+                                    dtype=float, count=3 * len(self.names)).reshape(-1, 3)
 
     def total_free(self) -> Resources:
         cpu, mem, gpu = self.free.sum(axis=0)
         return Resources(float(cpu), float(mem), float(gpu))
 
     def fits(self, res: Resources) -> np.ndarray:
-        need = np.array((res.cpu, res.mem_mib, res.gpu)) - 1e-9
-        return (self.free >= need).all(axis=1)
+        f = self.free
+        return (f[:, 0] >= res.cpu - 1e-9) & (f[:, 1] >= res.mem_mib - 1e-9) & (f[:, 2] >= res.gpu - 1e-9)
 
     def place_one(self, role: Role, res: Resources, strategy: Strategy = "pack",
                   crowding: np.ndarray | None = None, keep_gpus: bool = False,
@@ -54,27 +58,35 @@ class FreeMap:
         fractional-GPU container where the fewest GPU shares stay free (best fit, before
         anything else), so fractions fill partly used nodes and whole GPUs stay free for
         whole-GPU requests; whole-GPU containers keep the strategy's order."""
+        cpu, mem, gpu = res.cpu, res.mem_mib, res.gpu
+        for u in self._unfit:  # no node took u since free capacity last grew: nor will it take more
+            if u[0] <= cpu and u[1] <= mem and u[2] <= gpu:
+                return None
         ok = self.fits(res)
         if allowed is not None:
             ok &= allowed
         if not ok.any():
+            if allowed is None:
+                self._unfit.append((cpu, mem, gpu))
             return None
-        left = (self.free - (res.cpu, res.mem_mib, res.gpu)) * self._norm
-        score = left[:, 0] + left[:, 2]
+        f = self.free
+        score = (f[:, 0] - cpu) * self._norm[:, 0] + (f[:, 2] - gpu) * self._norm[:, 2]  # share left
         score = score if strategy == "pack" else -score
         if crowding is not None:
             score = score + 10.0 * crowding  # |score| ≤ 4: crowding dominates
-        if keep_gpus and res.gpu == 0:  # leave free GPUs' CPU to the GPU jobs that need it
-            score = score + 1000.0 * (self.free[:, 2] > 1e-9)
-        if gpu_fit and 0 < res.gpu < 1:
-            score = score + 1e4 * (self.free[:, 2] - res.gpu)
+        if keep_gpus and gpu == 0:  # leave free GPUs' CPU to the GPU jobs that need it
+            score = score + 1000.0 * (f[:, 2] > 1e-9)
+        if gpu_fit and 0 < gpu < 1:
+            score = score + 1e4 * (f[:, 2] - gpu)
         score = np.where(ok, score, np.inf)
         i = int(np.argmin(score))
-        self.free[i] -= (res.cpu, res.mem_mib, res.gpu)
+        f[i] -= (cpu, mem, gpu)
         return Placement(role, self.names[i], res)
 
     def crowding(self, snap: ClusterSnapshot) -> np.ndarray:
         """PS/worker containers per node: the flows that would share a new container's NIC."""
+        if snap.containers_per_node is not None:
+            return snap.containers_per_node.copy()
         n = np.zeros(len(self.names))
         for job in snap.running:
             for c in job.containers:
@@ -84,9 +96,13 @@ class FreeMap:
 
     def release(self, p: Placement) -> None:
         self.free[self.index[p.node]] += (p.res.cpu, p.res.mem_mib, p.res.gpu)
+        self._unfit.clear()
 
     def reserve(self, node: str, res: Resources) -> None:
+        """Take ``res`` on ``node`` (negative parts give capacity back)."""
         self.free[self.index[node]] -= (res.cpu, res.mem_mib, res.gpu)
+        if res.cpu < 0 or res.mem_mib < 0 or res.gpu < 0:
+            self._unfit.clear()
 
     def place_gang(self, wants: Sequence[tuple[Role, Resources]], strategy: Strategy = "pack",
                    allowed: np.ndarray | None = None, gpu_fit: bool = False) -> tuple[Placement, ...] | None:

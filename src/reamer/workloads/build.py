@@ -119,19 +119,34 @@ def _synthetic(wl: Synthetic, cal: Calibration, rng: np.random.Generator, nic: f
 def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Generator, nic: float,
            models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
     path = wl.pod_list
-    cols = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "creation_time", "deletion_time", "scheduled_time"]
     pods = []
-    for i, row in read_rows(path, cols):
+    for i, row in read_rows(path, ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"]):
+        where = f"line {i}" if path.suffix == ".jsonl" else f"row {i}"
         cpu = number(path, i, row, "cpu_milli", strict=True) / 1000.0
         mem = number(path, i, row, "memory_mib")
         ngpu = integer(path, i, row, "num_gpu")
         gmilli = number(path, i, row, "gpu_milli")
-        created = number(path, i, row, "creation_time")
-        deleted = number(path, i, row, "deletion_time")
-        sched = number(path, i, row, "scheduled_time", default=created)
+        if row.get("gpu_spec", "").strip():
+            raise InputError(str(path), f"{where}, field gpu_spec",
+                             "empty (pods pinned to GPU models are not modelled: every GPU node may take any pod)",
+                             row["gpu_spec"])
         if wl.gpu_only and ngpu == 0:
             continue
-        dur = min(max(deleted - sched, wl.min_duration_s), wl.max_duration_s)
+        if wl.qos is not None and row.get("qos", "").strip() not in wl.qos:
+            continue
+        if wl.pod_phases is not None and row.get("pod_phase", "").strip() not in wl.pod_phases:
+            continue
+        if row.get("deletion_time", "").strip():
+            created = number(path, i, row, "creation_time")
+            deleted = number(path, i, row, "deletion_time")
+            sched = number(path, i, row, "scheduled_time", default=created)
+            dur = min(max(deleted - sched, wl.min_duration_s), wl.max_duration_s)
+        elif wl.duration_s is not None:
+            dur = wl.duration_s
+        else:
+            raise InputError(str(path), f"{where}, field deletion_time",
+                             "a pod's recorded times (creation_time, deletion_time), or workload.duration_s "
+                             "for a list without them")
         pods.append((row["name"], cpu, mem, ngpu, gmilli, dur))
         if wl.max_jobs is not None and len(pods) >= wl.max_jobs:
             break
@@ -145,6 +160,7 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
         demand = np.mean([c * d for _, c, _, _, _, d in pods])
         capacity = sum(n.cores for n in nodes)
     mean_gap = demand / (wl.load * capacity) if demand > 0 else 1.0
+    speeds: dict[tuple, float] = {}
     jobs = []
     t = 0.0
     for name, cpu, mem, ngpu, gmilli, dur in pods:
@@ -155,8 +171,10 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
         p_res = Resources(wl.ps_cores, wl.ps_mem_gib * GIB)
         model = wl.models[int(rng.integers(len(wl.models)))]
         batch = models[model].batch
-        speed = request_speed(model, cal, batch, 1, workers, p_res, w_res, nic, models)
-        jobs.append(TrainingJob(name, model, t, dur * speed, 1, workers, p_res, w_res, batch,
+        key = (model, workers, w_res)
+        if key not in speeds:
+            speeds[key] = request_speed(model, cal, batch, 1, workers, p_res, w_res, nic, models)
+        jobs.append(TrainingJob(name, model, t, dur * speeds[key], 1, workers, p_res, w_res, batch,
                                 max_workers=max(16, workers)))
     return jobs
 
@@ -168,6 +186,7 @@ def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, 
     """Generic job list (CSV or JSONL); see docs/scenarios.md for the columns."""
     jobs = []
     seen: set[str] = set()
+    speeds: dict[tuple, float] = {}
     for i, row in read_rows(path, JOBLIST_COLUMNS):
         where = f"line {i}" if path.suffix == ".jsonl" else f"row {i}"
         jid = row["id"].strip()
@@ -190,7 +209,10 @@ def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, 
             samples = number(path, i, row, "samples", strict=True)
         elif row.get("duration_s", "").strip():
             dur = number(path, i, row, "duration_s", strict=True)
-            samples = dur * request_speed(model, cal, batch, ps, workers, p_res, w_res, nic, models)
+            key = (model, batch, ps, workers, p_res, w_res)  # a trace repeats few requests
+            if key not in speeds:
+                speeds[key] = request_speed(model, cal, batch, ps, workers, p_res, w_res, nic, models)
+            samples = dur * speeds[key]
         else:
             raise InputError(str(path), f"{where}, field samples", "samples or duration_s (a number > 0)")
         jobs.append(TrainingJob(jid, model, arrival, samples, ps, workers, p_res, w_res, batch,

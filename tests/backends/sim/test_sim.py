@@ -4,10 +4,19 @@ import pytest
 from reamer.backends.sim import EventQueue, SimCluster
 from reamer.backends.sim.engine import Ev
 from reamer.config.scenario import load_scenario
-from reamer.runtime import simulate
-from reamer.domain import AddContainer, Node, Preempt, Resources, Role, StartJob, TrainingJob
+from reamer.domain import (
+    AddContainer,
+    Node,
+    Preempt,
+    RemoveContainer,
+    Resources,
+    Role,
+    StartJob,
+    TrainingJob,
+)
 from reamer.domain.decisions import InvalidDecision, Placement
 from reamer.models.profiles import shipped_profiles
+from reamer.runtime import simulate
 
 CAL = shipped_profiles().calibration
 
@@ -104,3 +113,66 @@ def test_restart_pause_reports_no_telemetry_and_speed_counts_after_it():
     tel = c.observe(20.0).telemetry["j"]
     assert tel.since_s == pytest.approx(15.0)
     assert tel.speed == pytest.approx(c.jobs["j"].step.speed)
+
+
+def _crowded(nic_gbps=10.0):
+    """Six network-heavy jobs (vgg16 on GPUs, one 1-core PS each) all on one node's NIC."""
+    events = {}
+    c = SimCluster([Node("n0", 64, 65536, 12, nic_gbps=nic_gbps)], CAL, np.random.default_rng(0),
+                   lambda jid, t, v: events.__setitem__(jid, t))
+    specs = [TrainingJob(f"j{k}", "vgg16", 0.0, 1e6, 1, 2, Resources(1, 512), Resources(4, 512, 1)) for k in range(6)]
+    for s in specs:
+        c.arrive(s, 0.0)
+    start = [StartJob(s.id, (Placement(Role.PS, "n0", s.ps_res),) + (Placement(Role.WORKER, "n0", s.worker_res),) * 2)
+             for s in specs]
+    return c, specs, start, events
+
+
+def test_jobs_as_requested_run_at_their_request_speed_however_crowded_the_link():
+    """A job's work is defined at its request on full links (a trace's duration contains the
+    contention it met): six jobs as requested on one 10 GbE node each run at that speed."""
+    from reamer.workloads.build import request_speed
+
+    c, specs, start, events = _crowded()
+    c.actuate(start, 0.0)
+    want = request_speed("vgg16", CAL, specs[0].batch, 1, 2, specs[0].ps_res, specs[0].worker_res, 10.0)
+    assert [c.jobs[s.id].step.speed for s in specs] == [want] * 6
+    assert events["j0"] == pytest.approx(1e6 / want)
+
+
+def test_a_policy_that_adds_flows_slows_the_neighbours_until_they_are_gone():
+    """Relative to the request: a job given a second PS puts more flows on the node than its
+    request did, and its neighbours lose bandwidth until it is back to its request; on an
+    uncrowded link nothing moves."""
+    c, _, start, _ = _crowded()
+    c.actuate(start, 0.0)
+    before, own = c.jobs["j1"].step.speed, c.jobs["j0"].step.speed
+    c.actuate([AddContainer("j0", Placement(Role.PS, "n0", Resources(1, 512)))], 10.0)
+    assert c.jobs["j1"].step.speed < before and c.jobs["j0"].step.speed > own
+    (ps2,) = [x for x in c.state.jobs["j0"].containers.values() if x.role is Role.PS][1:]
+    c.actuate([RemoveContainer(ps2.id)], 20.0)
+    assert c.jobs["j1"].step.speed == pytest.approx(before, rel=1e-4)  # a fixed point, solved in passes
+    lone, _, start, _ = _crowded(nic_gbps=1e5)
+    lone.actuate(start, 0.0)
+    before = lone.jobs["j1"].step.speed
+    lone.actuate([AddContainer("j0", Placement(Role.PS, "n0", Resources(1, 512)))], 10.0)
+    assert lone.jobs["j1"].step.speed == pytest.approx(before, rel=1e-6)
+
+
+def test_a_trace_replays_at_its_recorded_durations_under_static(tmp_path):
+    """(JCT − queue) of every job equals its recorded duration under ``static``, on a cluster
+    where the jobs share NICs and queue."""
+    rows = ["id,model,arrival_s,ps,workers,ps_cpu,worker_cpu,worker_gpu,duration_s"]
+    rng = np.random.default_rng(3)
+    durations = {}
+    for k in range(120):
+        d = float(rng.integers(60, 3600))
+        durations[f"j{k}"] = d
+        rows.append(f"j{k},{rng.choice(['vgg16', 'resnet50', 'bert_base'])},{k * 20},1,{rng.integers(1, 5)},1,4,1,{d}")
+    (tmp_path / "jobs.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "sc.yaml").write_text("name: replay\ncluster: {nic_gbps: 10, node_pools: [{name: g, count: 3, "
+                                      "cores: 32, mem_gib: 256, gpus: 4}]}\nworkload: {kind: joblist, path: jobs.csv}\n")
+    r = simulate(load_scenario(tmp_path / "sc.yaml"), "static")
+    assert r.unfinished == 0 and r.metrics["mean_queue_s"] > 0
+    for j in r.jobs:
+        assert j.jct_s - j.queue_s == pytest.approx(durations[j.id], rel=1e-9)

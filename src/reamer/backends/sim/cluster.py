@@ -4,14 +4,22 @@ model (:mod:`reamer.models.training`), completion events, telemetry and time int
 What a decision books (free capacity, containers, ids, validation) is the shared
 :class:`~reamer.backends.state.ClusterState`'s.
 
+A job's work is defined at its request on full links (:func:`reamer.workloads.build.request_speed`),
+so a trace's job replays at its recorded duration when it runs as requested: the contention it
+met is in that duration. The NIC model changes a job's speed only relative to that: a
+container's bandwidth is the link's, scaled by the node's flows *as requested* over its flows
+*now* (:meth:`SimCluster._bw`). Under ``static`` the two are equal and every job runs at its
+recorded speed; when a policy changes a job's shape, it and its neighbours gain or lose.
+
 Telemetry is the speed model plus seeded multiplicative noise, so policies face noise as on
 real machines.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,7 +38,12 @@ from reamer.domain import (
     TrainingJob,
 )
 from reamer.models.training import ZERO_STEP, Calibration, ModelProfile, Side, Step, step
-from reamer.models.zoo import ZOO, gpu_factor
+from reamer.models.zoo import ZOO
+
+
+STEP_MEMO = 65_536  # steps remembered (_step) before the memo starts over
+NOISES_PER_CONTAINER = 4  # telemetry noise factors per container: CPU use, throttling, network, GPU
+REFRESH_PASSES = 4  # rounds of re-timing the jobs on nodes whose flows a re-timed job moved
 
 
 @dataclass
@@ -44,9 +57,10 @@ class _Run:
     version: int = 0
     tel_since: float = 0.0
     tel_done: float = 0.0
-    view: JobView | None = None
     paused_until: float = 0.0  # checkpoint + restart after a change of its PS/worker set
     base: Step = ZERO_STEP  # its step without CPU contention from co-located inference
+    w_ref: float = 0.0  # its network share of a step at its request on full links (flows as requested)
+    flows: tuple[tuple[str, float, float], ...] = ()  # (node, flow now, flow as requested) it adds, per container
 
 
 @dataclass
@@ -99,12 +113,23 @@ class SimCluster:
         # job id -> factor on its model's CPU input-pipeline cost (time-varying training need;
         # set by backends.sim.inference; empty = the zoo's constant cost)
         self.input_scale: dict[str, float] = {}
-        # node -> Σ of its containers' concurrent flows (_bw), dropped when one of them changes
-        self._active: dict[str, float] = {}
+        # node -> [Σ of its containers' concurrent flows now, Σ as requested] (_bw), kept up to
+        # date as containers come and go and steps change
+        self._flows: dict[str, list[float]] = {n.name: [0.0, 0.0] for n in self.nodes}
+        # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
+        self._timed: dict[str, float] = {}
+        self._steps: dict[tuple, Step] = {}  # _step's memo
+        # the views a snapshot shows, kept in the state's queue / running order; a running
+        # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
+        self._queued: dict[str, JobView] = {}
+        self._running: dict[str, JobView | None] = {}
+        self._stale: set[str] = set()
 
     # ------------------------------------------------------------------ events
     def arrive(self, spec: TrainingJob, now: float) -> None:
-        self.jobs[spec.id] = _Run(self.state.submit(spec, now), t_last=now)
+        rec = self.state.submit(spec, now)
+        self.jobs[spec.id] = _Run(rec, t_last=now)
+        self._queued[spec.id] = rec.view(0.0, now)
 
     def complete(self, jid: str, version: int, now: float) -> bool:
         j = self.jobs[jid]
@@ -113,9 +138,10 @@ class SimCluster:
         self.integrate(now)
         self._progress(j, now)
         nodes = self._released(j, self.state.finish(jid, now))
+        del self._running[jid]
         if j.rec.spec.duration_s is None:
             j.done = j.rec.spec.samples  # a fixed-duration job keeps the samples it did
-        self._refresh(nodes, set(), now)
+        self._refresh(nodes, (), now)
         return True
 
     # ---------------------------------------------------------------- observe
@@ -123,19 +149,14 @@ class SimCluster:
         with_telemetry = now >= self.next_telemetry
         if with_telemetry:
             self.next_telemetry = now + (self.telemetry_interval_s or math.inf)
-        running = []
-        for jid in self.state.running:
-            j = self.jobs[jid]
-            if j.view is None or with_telemetry:
+        views = self._running
+        for jid in self.state.running if with_telemetry else self._stale:
+            if jid in views:
+                j = self.jobs[jid]
                 self._progress(j, now)
-                j.view = j.rec.view(j.done, now)
-            running.append(j.view)
-        queue = []
-        for jid in self.state.queue:
-            j = self.jobs[jid]
-            if j.view is None:
-                j.view = j.rec.view(j.done, j.t_last)
-            queue.append(j.view)
+                views[jid] = j.rec.view(j.done, now)
+        self._stale.clear()
+        queue, running = tuple(self._queued.values()), tuple(views.values())
         tel = self._measure(now) if with_telemetry else {}
         return self.state.snapshot(now, queue, running, tel)
 
@@ -143,33 +164,42 @@ class SimCluster:
         """Telemetry of each running job over its last interval, with seeded noise. A job in its
         restart pause reports nothing, and its speed counts from the end of the pause: on the
         local backend its workers are down, and the speed comes from their reports once back."""
-        out = {}
+        due = []
         for jid in self.state.running:
             j = self.jobs[jid]
             since = max(j.tel_since, j.paused_until)
-            dt = now - since
-            if dt <= 0:
-                continue
-            speed = (j.done - j.tel_done) / dt * self._noise()
-            out[jid] = JobTelemetry(since, max(0.0, speed), self._container_telemetry(j))
+            if now > since:
+                due.append((jid, j, since))
+        # one noise factor per job and four per container, drawn at once
+        noise = self._factors(sum(1 + NOISES_PER_CONTAINER * len(j.rec.containers) for _, j, _ in due))
+        out = {}
+        for jid, j, since in due:
+            speed = (j.done - j.tel_done) / (now - since) * next(noise)
+            out[jid] = JobTelemetry(since, max(0.0, speed), self._container_telemetry(j, noise))
             j.tel_since, j.tel_done = now, j.done
         return out
 
-    def _noise(self) -> float:
-        return max(0.0, 1.0 + self.noise * float(self.rng.standard_normal())) if self.noise else 1.0
+    def _factors(self, n: int) -> Iterator[float]:
+        """``n`` multiplicative noise factors, max(0, 1 + noise × N(0, 1)), as an iterator."""
+        if not self.noise:
+            return itertools.repeat(1.0, n)
+        return iter(np.maximum(0.0, 1.0 + self.noise * self.rng.standard_normal(n)).tolist())
 
-    def _container_telemetry(self, j: _Run) -> dict[str, ContainerTelemetry]:
+    def _container_telemetry(self, j: _Run, noise: Iterator[float]) -> dict[str, ContainerTelemetry]:
         st = j.step
         prof = self.models[j.rec.spec.model]
         bits = 8.0 * prof.param_bytes
         containers = j.rec.containers.values()
-        ws = [c for c in containers if c.role is Role.WORKER]
-        ps = [c for c in containers if c.role is Role.PS]
+        n_w = sum(1 for c in containers if c.role is Role.WORKER)
+        n_ps = len(containers) - n_w
         out = {}
         t = st.t if st.speed > 0 else math.inf
+        gpu_job = prof.gpu_samples_per_s > 0
         for c in containers:
+            a, b, n, g = next(noise), next(noise), next(noise), next(noise)
+            gpu = c.res.gpu > 0 and c.role is Role.WORKER
             if c.role is Role.WORKER:
-                if c.res.gpu > 0 and prof.gpu_samples_per_s > 0:
+                if gpu and gpu_job:
                     busy = min(1.0, st.t_pipe / t)  # the pipeline runs its threads for t_pipe
                     throttled = busy if st.t_pipe >= t * (1 - 1e-9) else 0.0  # stalls the step
                 else:
@@ -177,15 +207,15 @@ class SimCluster:
                 traffic = 2.0 * bits / t
             else:
                 busy = throttled = st.ps_busy
-                traffic = 2.0 * len(ws) * bits / max(1, len(ps)) / t
+                traffic = 2.0 * n_w * bits / max(1, n_ps) / t
             out[c.id] = ContainerTelemetry(
-                cpu_used=c.res.cpu * busy * self._noise(),
+                cpu_used=c.res.cpu * busy * a,
                 cpu_limit=c.res.cpu,
-                throttled_ratio=min(1.0, throttled * self._noise()),
-                net_gbps=traffic / 1e9 * self._noise(),
+                throttled_ratio=min(1.0, throttled * b),
+                net_gbps=traffic / 1e9 * n,
                 net_capacity_gbps=self._bw(c),
                 mem_used_mib=c.res.mem_mib * 0.8,
-                gpu_util=min(1.0, st.gpu_busy * self._noise()) if c.res.gpu > 0 and c.role is Role.WORKER else 0.0,
+                gpu_util=min(1.0, st.gpu_busy * g) if gpu else 0.0,
             )
         return out
 
@@ -201,7 +231,6 @@ class SimCluster:
         for d in decisions:
             e = self.state.apply(d, now)
             touched = self._carry(e, now)
-            self._changed(touched)
             nodes |= touched
             if not isinstance(e, Stop):
                 jobs.add(e.job)
@@ -213,6 +242,11 @@ class SimCluster:
         if isinstance(e, Launch):
             j.t_last = j.tel_since = now
             j.tel_done = j.done
+            j.w_ref = self._reference_flow(j, e.containers)
+            self._set_flows(j)
+            del self._queued[e.job]
+            self._running[e.job] = None
+            self._stale.add(e.job)
             spec, started = j.rec.spec, j.rec.started_s
             if spec.duration_s is not None and started is not None:  # ends at its first start + duration
                 j.version += 1
@@ -222,43 +256,76 @@ class SimCluster:
         if isinstance(e, SetQuota):
             return {e.container.node}
         if isinstance(e, Reshape):
+            self._set_flows(j)
             j.paused_until = now + self.restart_s
             return {c.node for c in (*e.added, *e.removed)}
         # Stop: preempted, its progress kept (checkpoint); the completion event goes stale
         nodes = self._released(j, e)
         j.version += 1
-        j.view = None
+        del self._running[e.job]
+        self._queued[e.job] = j.rec.view(j.done, j.t_last)
         return nodes
 
     def _released(self, j: _Run, e: Stop) -> set[str]:
         self._account(j, ZERO_STEP)
+        self._set_flows(j)  # its containers are gone: its flows too
         j.base = ZERO_STEP
-        nodes = {c.node for c in e.containers}
-        self._changed(nodes)
-        return nodes
+        return {c.node for c in e.containers}
 
     # ------------------------------------------------------------- dynamics
     def _bw(self, c: Container) -> float:
-        """A container's share of its node's NIC: fair share among the flows active at once.
+        """A container's bandwidth: its link's, times the node's concurrent flows as requested
+        over its flows now (:meth:`_flow_sums`). Equal sums give the full link — the speed a
+        trace's record implies; more flows than requested share it, fewer leave more."""
+        now_, ref = self._flow_sums(c.node)
+        return self.state.node_by_name[c.node].nic_gbps * (max(1.0, ref) / max(1.0, now_))
 
-        Each PS/worker container is on the network for its job's ``net_busy`` share of a
-        step (as of the job's current speed; a new container counts as always active), so
-        the node carries ``Σ net_busy`` concurrent flows on average.
-        """
-        active = self._active.get(c.node)
-        if active is None:  # summed once per node until a step or a container there changes
-            active = 0.0
-            owner = self.state.owner
-            for cid in self.state.on_node[c.node]:
-                st = self.jobs[owner[cid]].step
-                active += st.net_busy if st.speed > 0 else 1.0
-            self._active[c.node] = active
-        return self.state.node_by_name[c.node].nic_gbps / max(1.0, active)
+    def _flow_sums(self, node: str) -> list[float]:
+        """[Σ flows now, Σ flows as requested] on ``node`` (:meth:`_set_flows`)."""
+        return self._flows[node]
 
-    def _changed(self, nodes) -> None:
-        """Forget the flow sums of ``nodes``: a container or a job's step there changed."""
-        for n in nodes:
-            self._active.pop(n, None)
+    def _set_flows(self, j: _Run) -> None:
+        """Put the job's flows on its nodes' sums, in place of those it had there. Each PS/worker
+        container is on the network for its job's ``net_busy`` share of a step: now, as of the
+        job's current step (before its first: its request's); as requested, the share at its
+        request on full links, for as many containers of each role as it requested (spread
+        over those it has, so that a job given a second PS adds flows but not requested ones)."""
+        flows = self._flows
+        for node, now_, ref in j.flows:
+            f = flows[node]
+            f[0] -= now_
+            f[1] -= ref
+        containers = j.rec.containers.values()
+        if not containers:
+            j.flows = ()
+            return
+        spec = j.rec.spec
+        w = j.step.net_busy if j.step.speed > 0 else j.w_ref
+        n_ps = sum(1 for c in containers if c.role is Role.PS)
+        n_w = len(containers) - n_ps
+        ref_ps = j.w_ref * (spec.ps / n_ps) if n_ps else 0.0
+        ref_w = j.w_ref * (spec.workers / n_w) if n_w else 0.0
+        out = []
+        for c in containers:
+            ref = ref_ps if c.role is Role.PS else ref_w
+            f = flows[c.node]
+            f[0] += w
+            f[1] += ref
+            out.append((c.node, w, ref))
+        j.flows = tuple(out)
+
+    def _factor(self, node: str) -> float:
+        now_, ref = self._flow_sums(node)
+        return max(1.0, ref) / max(1.0, now_)
+
+    def _reference_flow(self, j: _Run, containers: Sequence[Container]) -> float:
+        """The job's network share of a step at its request on full links: what each of its
+        containers adds to the flows of its node as requested."""
+        spec = j.rec.spec
+        nic = min(self.state.node_by_name[c.node].nic_gbps for c in containers)
+        w, p = spec.worker_res, spec.ps_res
+        return self._step(spec.model, 1.0, spec.batch, ((w.cpu, nic, w.gpu),) * spec.workers,
+                          ((p.cpu, nic, 0.0),) * spec.ps).net_busy
 
     def _progress(self, j: _Run, now: float) -> None:
         """Advance a job's samples to ``now`` at its current speed (called for running jobs,
@@ -271,51 +338,88 @@ class SimCluster:
         j.t_last = now
 
     def _account(self, j: _Run, new: Step) -> None:
-        """Swap the job's contribution to the cluster-wide used/allocated rates."""
+        """Swap the job's contribution to the cluster-wide used/allocated rates and to the flows
+        of its nodes."""
         old = j.step
         self.cpu_used += new.cpu_used - old.cpu_used
         self.gpu_used += new.gpu_used - old.gpu_used
         j.step = new
-        self._changed(c.node for c in j.rec.containers.values())
+        if new.net_busy != old.net_busy or (new.speed > 0) != (old.speed > 0):
+            self._set_flows(j)
 
-    def _refresh(self, nodes: set[str], jobs: set[str], now: float) -> None:
-        """Recompute the speed of ``jobs`` and of every job with a container on ``nodes``."""
-        jids = set(jobs)
-        owner = self.state.owner
-        for node in nodes:
-            jids.update(owner[c] for c in self.state.on_node[node])
-        for jid in sorted(jids):
-            j = self.jobs[jid]
-            if j.rec.state is not JobState.RUNNING:
-                continue
-            self._progress(j, now)
-            j.base = self._speed(j)
-            new = self._contend(j, j.base)
-            j.view = None
-            if new.speed == j.step.speed and new.cpu_used == j.step.cpu_used and j.paused_until <= now:
-                continue
-            self._account(j, new)
-            j.version += 1
-            spec = j.rec.spec
-            if spec.duration_s is not None:
-                started = j.rec.started_s
-                eta = max(now, (now if started is None else started) + spec.duration_s)
-            else:
-                left = spec.samples - j.done
-                eta = max(now, j.paused_until) + left / new.speed if new.speed > 0 else math.inf
-            self.on_change(jid, eta, j.version)
+    def _refresh(self, nodes: Iterable[str], jobs: Iterable[str], now: float) -> None:
+        """Re-time ``jobs``, then every job on a node among ``nodes`` (or among the re-timed
+        jobs' nodes) whose bandwidth factor moved since its jobs were last timed: a node whose
+        flows are still as requested leaves its jobs as they are. A re-timed job's new flows
+        move its nodes' factors in turn: repeated up to ``REFRESH_PASSES`` times."""
+        check = set(nodes)
+        todo = sorted(set(jobs))
+        owner, on_node, timed = self.state.owner, self.state.on_node, self._timed
+        for _ in range(REFRESH_PASSES):
+            for jid in todo:
+                if self._retime(jid, now):
+                    check.update(c.node for c in self.jobs[jid].rec.containers.values())
+            more: set[str] = set()
+            for node in check:
+                f = self._factor(node)
+                if f != timed.get(node, 1.0):
+                    if f == 1.0:
+                        timed.pop(node, None)
+                    else:
+                        timed[node] = f
+                    more.update(owner[c] for c in on_node[node])
+            if not more:
+                return
+            todo, check = sorted(more), set()
+
+    def _retime(self, jid: str, now: float) -> bool:
+        """Recompute a running job's step and its completion event; True if its step changed."""
+        j = self.jobs[jid]
+        if j.rec.state is not JobState.RUNNING:
+            return False
+        self._progress(j, now)
+        j.base = self._speed(j)
+        new = self._contend(j, j.base)
+        self._stale.add(jid)
+        if new.speed == j.step.speed and new.cpu_used == j.step.cpu_used and j.paused_until <= now:
+            if new != j.step:
+                self._account(j, new)
+            return False
+        self._account(j, new)
+        j.version += 1
+        spec = j.rec.spec
+        if spec.duration_s is not None:
+            started = j.rec.started_s
+            eta = max(now, (now if started is None else started) + spec.duration_s)
+        else:
+            left = spec.samples - j.done
+            eta = max(now, j.paused_until) + left / new.speed if new.speed > 0 else math.inf
+        self.on_change(jid, eta, j.version)
+        return True
 
     def _speed(self, j: _Run) -> Step:
         spec = j.rec.spec
-        prof = self.models[spec.model]
-        if self.input_scale and spec.id in self.input_scale:
-            prof = replace(prof, input_core_s_per_sample=prof.input_core_s_per_sample * self.input_scale[spec.id])
         workers, ps = [], []
         for c in j.rec.containers.values():
-            node = self.state.node_by_name[c.node]
-            side = Side(c.res.cpu, self._bw(c), c.res.gpu, None, gpu_factor(node.gpu_model))
-            (workers if c.role is Role.WORKER else ps).append(side)
-        return step(prof, self.cal, spec.batch, workers, ps)
+            if c.role is Role.WORKER:
+                workers.append((c.res.cpu, self._bw(c), c.res.gpu))
+            else:
+                ps.append((c.res.cpu, self._bw(c), 0.0))
+        return self._step(spec.model, self.input_scale.get(spec.id, 1.0), spec.batch, tuple(workers), tuple(ps))
+
+    def _step(self, model: str, input_scale: float, batch: int, workers: tuple, ps: tuple) -> Step:
+        """The speed model's step for sides given as (cores, Gbit/s, GPUs), remembered: jobs of
+        one request on uncongested links share it. Bounded: forgotten wholesale when large."""
+        key = (model, input_scale, batch, workers, ps)
+        st = self._steps.get(key)
+        if st is None:
+            prof = self.models[model]
+            if input_scale != 1.0:
+                prof = replace(prof, input_core_s_per_sample=prof.input_core_s_per_sample * input_scale)
+            if len(self._steps) >= STEP_MEMO:
+                self._steps.clear()
+            st = self._steps[key] = step(prof, self.cal, batch, [Side(*w) for w in workers], [Side(*p) for p in ps])
+        return st
 
     def _contend(self, j: _Run, base: Step) -> Step:
         """The job's step under CPU contention: synchronous training runs at the pace of its
@@ -337,7 +441,8 @@ class SimCluster:
             return
         self.integrate(now)
         self.contention = {n: k for n, k in factors.items() if k < 1.0}
-        self._refresh(changed, set(), now)
+        owner, on_node = self.state.owner, self.state.on_node
+        self._refresh(changed, {owner[c] for n in changed for c in on_node[n]}, now)
 
     def set_input_scale(self, scales: dict[str, float], now: float) -> None:
         """Set per-job factors on the input-pipeline cost (a job's CPU need) and re-time them."""
@@ -346,7 +451,7 @@ class SimCluster:
             return
         self.integrate(now)
         self.input_scale = dict(scales)
-        self._refresh(set(), changed, now)
+        self._refresh((), changed, now)
 
     def container_use(self, c: Container, contended: bool = False) -> float:
         """Cores a training container keeps busy on average (no noise), at its job's base step

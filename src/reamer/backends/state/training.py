@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
+
 from reamer.domain import (
     AddContainer,
     ClusterSnapshot,
@@ -52,6 +54,7 @@ class JobRecord:
     containers: dict[str, Container] = field(default_factory=dict)
     next_id: int = 0  # the next container's number (ids are never reused)
     queued_since: float = 0.0
+    order: int = 0  # its place in the FIFO queue: the number of its latest enqueue (submit or requeue)
     queue_s: float = 0.0  # total time queued before each start
     started_s: float | None = None  # first start
     finished_s: float | None = None
@@ -68,7 +71,7 @@ class JobRecord:
     def view(self, samples_done: float, progress_s: float) -> JobView:
         """The job as a policy sees it, with the progress a backend measured."""
         return JobView(self.spec, self.state, tuple(self.containers.values()), samples_done, progress_s,
-                       self.started_s, self.last_change_s)
+                       self.started_s, self.last_change_s, self.order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,11 @@ class ClusterState:
             raise ValueError("nodes: expected unique names")
         self.cpusets = dict(cpusets or {})
         self.free: dict[str, Resources] = {n.name: n.capacity for n in self.nodes}
+        # the same free capacity as rows (cores, MiB, GPUs) in node order, for policies' placement
+        self._row = {n.name: i for i, n in enumerate(self.nodes)}
+        self._free_rows = np.array([(n.cores, n.mem_mib, n.gpus) for n in self.nodes], dtype=float).reshape(-1, 3)
+        self._per_node = np.zeros(len(self.nodes))  # training containers per node, in node order
+        self._enqueued = 0  # enqueues so far (JobRecord.order)
         self.jobs: dict[str, JobRecord] = {}
         self.queue: dict[str, None] = {}  # queued jobs in arrival order (an insertion-ordered set)
         self.running: dict[str, None] = {}
@@ -158,8 +166,13 @@ class ClusterState:
         if spec.id in self.jobs:
             raise InvalidDecision(f"job {spec.id} was submitted twice")
         rec = self.jobs[spec.id] = JobRecord(spec, queued_since=now)
-        self.queue[spec.id] = None
+        self._enqueue(rec)
         return rec
+
+    def _enqueue(self, rec: JobRecord) -> None:
+        self._enqueued += 1
+        rec.order = self._enqueued
+        self.queue[rec.spec.id] = None
 
     def restore(self, spec: TrainingJob, containers: Sequence[Container], *, next_id: int, queued_since: float,
                 queue_s: float = 0.0, started_s: float | None = None, last_change_s: float | None = None,
@@ -257,8 +270,10 @@ class ClusterState:
 
     def snapshot(self, now: float, queue: Sequence[JobView], running: Sequence[JobView],
                  telemetry: dict[str, JobTelemetry]) -> ClusterSnapshot:
+        rows, per_node = self._free_rows.copy(), self._per_node.copy()
+        rows.flags.writeable = per_node.flags.writeable = False
         return ClusterSnapshot(now, self.nodes, MappingProxyType(dict(self.free)), tuple(queue), tuple(running),
-                               MappingProxyType(telemetry))
+                               MappingProxyType(telemetry), rows, per_node)
 
     # ------------------------------------------------------------------ booking
     def _job(self, jid: str, state: JobState) -> JobRecord:
@@ -291,6 +306,8 @@ class ClusterState:
 
     def _book(self, j: JobRecord, c: Container) -> None:
         self.free[c.node] = self.free[c.node] - c.res
+        self._free_rows[self._row[c.node]] -= (c.res.cpu, c.res.mem_mib, c.res.gpu)
+        self._per_node[self._row[c.node]] += 1
         self.cpu_alloc += c.res.cpu
         self.gpu_alloc += c.res.gpu
         j.containers[c.id] = c
@@ -299,6 +316,8 @@ class ClusterState:
 
     def _unplace(self, c: Container) -> None:
         self.free[c.node] = self.free[c.node] + c.res
+        self._free_rows[self._row[c.node]] += (c.res.cpu, c.res.mem_mib, c.res.gpu)
+        self._per_node[self._row[c.node]] -= 1
         self.cpu_alloc -= c.res.cpu
         self.gpu_alloc -= c.res.gpu
         self.on_node[c.node].pop(c.id, None)
@@ -330,6 +349,9 @@ class ClusterState:
             raise InvalidDecision(f"resize {c.id} to {d.res}: does not fit on {c.node}")
         self._changed(j, now)
         self.free[c.node] = free - d.res
+        row = self._free_rows[self._row[c.node]]
+        row += (c.res.cpu, c.res.mem_mib, c.res.gpu)
+        row -= (d.res.cpu, d.res.mem_mib, d.res.gpu)
         self.cpu_alloc += d.res.cpu - c.res.cpu
         self.gpu_alloc += d.res.gpu - c.res.gpu
         new = j.containers[c.id] = Container(c.id, c.owner, c.role, c.node, d.res, c.cpuset)
@@ -362,7 +384,7 @@ class ClusterState:
         if requeue:
             j.state = JobState.QUEUED
             j.queued_since = now
-            self.queue[j.spec.id] = None
+            self._enqueue(j)
         else:
             j.state = JobState.DONE
             j.finished_s = now
