@@ -4,7 +4,7 @@
     python bench/nearchus.py --scenarios openb --policies nearchus --seeds 2   # iterate
 
 Scenarios: ``default`` (the embedded one) and ``openb`` (16 evenly spaced openb nodes, the
-first 300 GPU pods of the openb pod list as jobs at offered GPU load 1.0, models from the
+first 500 GPU pods of the openb pod list as jobs at offered GPU load 1.0, models from the
 zoo; needs ../shared/data). A subset of scenarios or policies prints its table and writes
 its --json without ratios, and leaves docs/results.md alone. Metrics per run: mean_jct_s, p95_jct_s, mean_queue_s, makespan_s,
 cpu_util_pct, reconfigurations, speedup_vs_static_ratio (mean over jobs of the job's speed
@@ -46,10 +46,11 @@ PAPER = {"speed": "+71.4% to +129.1%", "jct": "−35.6%", "queue": "−67.8%"}
 
 # The openb scenario: 16 evenly spaced nodes of the openb node list (13 GPU nodes, 64 GPUs),
 # the first OPENB_JOBS GPU pods of the pod list, arrivals at an offered GPU load of 1.0 (the
-# pods' GPU-seconds equal the GPUs' capacity over the arrival span). With 150 pods the
-# long-tail pods keep arriving into a half-empty cluster and static never queues (0-1.5 s);
-# with 300 pods GPU shares run out and static queues for many minutes on every seed.
-OPENB_JOBS = 300
+# pods' GPU-seconds equal the GPUs' capacity over the arrival span). The size is the smallest
+# tried (150, 300, 500, 700, 1,000) at which static queues on every seed: with 300 pods the
+# long-tail pods keep arriving into a cluster with room (static never queues); with 500 GPU
+# shares run out and static queues on every seed.
+OPENB_JOBS = 500
 
 
 def openb_scenario(quick: bool) -> Scenario:

@@ -151,7 +151,7 @@ def test_a_policy_that_adds_flows_slows_the_neighbours_until_they_are_gone():
     assert c.jobs["j1"].step.speed < before and c.jobs["j0"].step.speed > own
     (ps2,) = [x for x in c.state.jobs["j0"].containers.values() if x.role is Role.PS][1:]
     c.actuate([RemoveContainer(ps2.id)], 20.0)
-    assert c.jobs["j1"].step.speed == pytest.approx(before, rel=1e-4)  # a fixed point, solved in passes
+    assert c.jobs["j1"].step.speed == pytest.approx(before, rel=2e-3)  # a fixed point, solved to 0.1%
     lone, _, start, _ = _crowded(nic_gbps=1e5)
     lone.actuate(start, 0.0)
     before = lone.jobs["j1"].step.speed

@@ -44,6 +44,9 @@ from reamer.models.zoo import ZOO
 STEP_MEMO = 65_536  # steps remembered (_step) before the memo starts over
 NOISES_PER_CONTAINER = 4  # telemetry noise factors per container: CPU use, throttling, network, GPU
 REFRESH_PASSES = 4  # rounds of re-timing the jobs on nodes whose flows a re-timed job moved
+# a node's jobs are re-timed when its bandwidth factor moved by more than this share since they
+# were last timed (or came back to exactly 1: flows as requested), well inside telemetry noise
+FACTOR_TOLERANCE = 1e-3
 
 
 @dataclass
@@ -349,9 +352,10 @@ class SimCluster:
 
     def _refresh(self, nodes: Iterable[str], jobs: Iterable[str], now: float) -> None:
         """Re-time ``jobs``, then every job on a node among ``nodes`` (or among the re-timed
-        jobs' nodes) whose bandwidth factor moved since its jobs were last timed: a node whose
-        flows are still as requested leaves its jobs as they are. A re-timed job's new flows
-        move its nodes' factors in turn: repeated up to ``REFRESH_PASSES`` times."""
+        jobs' nodes) whose bandwidth factor moved by more than ``FACTOR_TOLERANCE`` since its
+        jobs were last timed: a node whose flows are still as requested leaves its jobs as they
+        are. A re-timed job's new flows move its nodes' factors in turn: repeated up to
+        ``REFRESH_PASSES`` times."""
         check = set(nodes)
         todo = sorted(set(jobs))
         owner, on_node, timed = self.state.owner, self.state.on_node, self._timed
@@ -362,7 +366,8 @@ class SimCluster:
             more: set[str] = set()
             for node in check:
                 f = self._factor(node)
-                if f != timed.get(node, 1.0):
+                was = timed.get(node, 1.0)
+                if f != was and (f == 1.0 or abs(f - was) > FACTOR_TOLERANCE * was):
                     if f == 1.0:
                         timed.pop(node, None)
                     else:
