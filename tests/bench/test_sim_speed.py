@@ -1,0 +1,47 @@
+"""bench/sim_speed.py end to end on small sizes: each run in its own process, the output in
+the documented shape, and the growth exponent as the slope of log wall time on log jobs."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "sim_speed.py"
+
+
+def test_small_runs_give_the_documented_keys(shared_data, tmp_path):
+    if not (shared_data / "pai_synthetic" / "jobs.csv").is_file():
+        pytest.skip("the pai_synthetic workload is not in ../shared/data")
+    out = tmp_path / "speed.json"
+    subprocess.run([sys.executable, str(BENCH), "--jobs", "100", "400", "--policies", "static",
+                    "--clusters", "pai6500", "--json", str(out)], check=True, capture_output=True, timeout=300)
+    doc = json.loads(out.read_text())
+    assert doc["bench"] == "sim_speed" and len(doc["runs"]) == 2
+    for run, jobs in zip(doc["runs"], (100, 400), strict=True):
+        assert run["policy"] == "static" and run["params"] == {"jobs": jobs, "cluster": "pai6500"}
+        m = run["metrics"]
+        assert m["timed_out"] == 0 and m["jobs_done"] == jobs and m["unfinished"] == 0
+        assert m["wall_s"] > 0 and m["peak_rss_mib"] > 0
+        assert m["jobs_per_s"] == pytest.approx(jobs / m["wall_s"])
+        assert m["events_per_s"] == pytest.approx(m["events"] / m["wall_s"])
+    (a, b) = (r["metrics"]["wall_s"] for r in doc["runs"])
+    slope = math.log(b / a) / math.log(4)
+    assert doc["ratios"]["growth_exponent_static"] == pytest.approx(slope)
+    assert doc["ratios"]["growth_exponent_static_pai6500"] == pytest.approx(slope)
+
+
+def test_missing_workload_is_one_line_and_exit_2(tmp_path):
+    import shutil
+
+    fake = tmp_path / "repo" / "bench"
+    fake.mkdir(parents=True)
+    for f in ("sim_speed.py", "_common.py"):
+        shutil.copy(BENCH.parent / f, fake / f)
+    r = subprocess.run([sys.executable, str(fake / "sim_speed.py")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "pai_synthetic" in r.stderr and "expected" in r.stderr
