@@ -157,6 +157,7 @@ class Nearchus:
         self.cfg = config or NearchusConfig()
         self.interval_s = interval_s
         self.jobs: dict[str, _Job] = {}
+        self._adding: set[str] = set()  # jobs whose added containers are still to be confirmed (_sync)
         self._free: FreeMap | None = None
         self._cpu_growth_ok = False
         # per node (FreeMap order): measured NIC utilization (last telemetry); None: nothing measured
@@ -179,7 +180,33 @@ class Nearchus:
             self._nic_cap = np.array([n.nic_gbps for n in snap.nodes], dtype=float)
         if snap.telemetry:
             self._nic = self._nic_util(snap, free)
-        running = {j.id: j for j in snap.running}
+        # A round without telemetry, queue, a job owed its request or an addition to confirm
+        # has nothing to do per running job: it skips them (the same decisions, in time
+        # bounded by what is due rather than by the running jobs).
+        running: dict[str, JobView] = {}
+        if snap.telemetry or snap.queue or self._adding or any(st.owed for st in self.jobs.values()):
+            running = {j.id: j for j in snap.running}
+            self._sync(snap, running)
+            if self.cfg.restore and not snap.queue:
+                out += self._restore(snap, free)
+        if self.cfg.reclaim and snap.queue:
+            out += self._reclaim(snap, running, free)
+        out += self._start(snap, free)
+        waiting = bool(snap.queue) and any(isinstance(d, StartJob) for d in out) is False
+        # the head waits for a GPU share no node has: CPU-only growth takes nothing it needs
+        self._cpu_growth_ok = (waiting and self.cfg.grow_while_gpu_blocked and snap.queue[0].spec.worker_res.gpu > 0
+                               and not (free.free[:, 2] >= snap.queue[0].spec.worker_res.gpu - 1e-9).any())
+        if snap.telemetry:
+            for job in snap.running:
+                tel = snap.telemetry.get(job.id)
+                if tel is None:
+                    continue
+                out += self._adapt(job, self.jobs[job.id], tel, snap.now, free, grow=not waiting)
+        return out
+
+    def _sync(self, snap: ClusterSnapshot, running: dict[str, JobView]) -> None:
+        """Forget jobs no longer running, take in running ones it does not know, confirm the
+        containers its additions created and keep each job's measured speed."""
         for jid in list(self.jobs):
             if jid not in running:
                 del self.jobs[jid]
@@ -190,21 +217,8 @@ class Nearchus:
             tel = snap.telemetry.get(job.id)
             if tel is not None and tel.since_s >= st.last_change - 1e-9:
                 st.samples.append(tel.speed)
-        if self.cfg.restore and not snap.queue:
-            out += self._restore(snap, free)
-        if self.cfg.reclaim and snap.queue:
-            out += self._reclaim(snap, running, free)
-        out += self._start(snap, free)
-        waiting = bool(snap.queue) and any(isinstance(d, StartJob) for d in out) is False
-        # the head waits for a GPU share no node has: CPU-only growth takes nothing it needs
-        self._cpu_growth_ok = (waiting and self.cfg.grow_while_gpu_blocked and snap.queue[0].spec.worker_res.gpu > 0
-                               and not (free.free[:, 2] >= snap.queue[0].spec.worker_res.gpu - 1e-9).any())
-        for job in snap.running:
-            tel = snap.telemetry.get(job.id)
-            if tel is None:
-                continue
-            out += self._adapt(job, self.jobs[job.id], tel, snap.now, free, grow=not waiting)
-        return out
+        self._adding = {jid for jid in self._adding if (st := self.jobs.get(jid)) is not None
+                        and st.pending is not None and not st.pending.added and st.pending.kind.adds}
 
     # --------------------------------------------------------------- per job
     def _stable_speed(self, st: _Job) -> float | None:
@@ -341,6 +355,8 @@ class Nearchus:
         if kind is Action.TRIM:
             st.owed = False  # it does not use what it has: nothing is owed
         st.pending = _Change(kind, now, speed, cores, after, undo, ids)
+        if kind.adds:
+            self._adding.add(job.id)
         self._reset(st, now)
         return decisions
 
@@ -433,6 +449,7 @@ class Nearchus:
                 placed = free.place_gang(shape, self.cfg.placement, thin_ok if k > 0 else None, self.cfg.gpu_fit)
                 if placed is not None:
                     out.append(StartJob(job.id, placed))
+                    self.jobs.pop(job.id, None)  # a restarted job's state goes to the end, new
                     self.jobs[job.id] = _Job(snap.now, owed=k > 0)
                     break
             else:
