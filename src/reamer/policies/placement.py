@@ -33,7 +33,6 @@ class FreeMap:
             self.cap = np.array([(n.cores, n.mem_mib, n.gpus) for n in snap.nodes], dtype=float)
             self._norm = 1.0 / np.maximum(self.cap, 1e-9)
         self._unfit: list[tuple[float, float, float]] = []  # requests no node could take (place_one)
-        self.unplaced_first: Resources | None = None  # place_gang's last failure (see there)
         if snap.free_rows is not None:
             self.free = snap.free_rows.copy()
         else:
@@ -107,17 +106,12 @@ class FreeMap:
 
     def place_gang(self, wants: Sequence[tuple[Role, Resources]], strategy: Strategy = "pack",
                    allowed: np.ndarray | None = None, gpu_fit: bool = False) -> tuple[Placement, ...] | None:
-        """Place all containers or none (largest first, so big ones are not starved). After a
-        failure, ``unplaced_first`` is the first (largest) container when no node could take
-        even that one (else None)."""
+        """Place all containers or none (largest first, so big ones are not starved)."""
         order = sorted(wants, key=lambda rw: (rw[1].gpu, rw[1].cpu, rw[1].mem_mib), reverse=True)
         done: list[Placement] = []
-        self.unplaced_first = None
         for role, res in order:
             p = self.place_one(role, res, strategy, allowed=allowed, gpu_fit=gpu_fit)
             if p is None:
-                if not done:
-                    self.unplaced_first = res
                 for q in done:
                     self.release(q)
                 return None

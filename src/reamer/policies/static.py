@@ -17,14 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from reamer.domain import (
     ClusterSnapshot,
     Decision,
     JobView,
-    Resources,
     Role,
     StartJob,
     TrainingJob,
@@ -60,11 +58,6 @@ class _Group:
     head: int = 0
 
 
-def _fits_any(rows: np.ndarray, res: Resources) -> bool:
-    return bool(((rows[:, 0] >= res.cpu - 1e-9) & (rows[:, 1] >= res.mem_mib - 1e-9)
-                 & (rows[:, 2] >= res.gpu - 1e-9)).any())
-
-
 def _queued(queue: Sequence[JobView], v: JobView) -> bool:
     """Is ``v`` (its enqueue) still in ``queue``, which is sorted by ``order``?"""
     i = bisect_left(queue, v.order, key=_order)
@@ -82,13 +75,10 @@ class Static:
         self._ids: dict[int, str] = {}  # order -> job id of the enqueues taken in
         self._seen = 0  # the highest order taken in
         self._nodes: object = None  # the snapshot's node tuple they came with (a new one: another state)
-        self._blocked: dict[tuple[float, ...], Resources] = {}  # request -> its largest container, no node for it
-        self._end: np.ndarray | None = None  # free capacity at the end of the last round
 
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
         queue = snap.queue
         if not queue:
-            self._blocked = {}
             return []
         if queue[0].order <= 0:  # a snapshot made without the cluster state's queue numbers
             queue = tuple(replace(v, order=i) for i, v in enumerate(queue, 1))
@@ -110,13 +100,6 @@ class Static:
         heapq.heapify(heap)
         free = self._free = FreeMap(snap, self._free)
         left = [float(x) for x in free.free.sum(axis=0)]  # Σ free: a request above it cannot fit
-        # requests whose largest container no node could take at the end of the last round
-        # can fit now only on a node whose free capacity grew since (kube-scheduler's
-        # unschedulable queue, moved back on the events that could help)
-        blocked, self._blocked = self._blocked, {}
-        grown = None
-        if blocked and self._end is not None and self._end.shape == free.free.shape:
-            grown = np.flatnonzero((free.free > self._end + 1e-9).any(axis=1))
         at: dict[tuple[float, ...], int] = {}
         out: list[Decision] = []
         while heap:
@@ -125,13 +108,8 @@ class Static:
             k = at.get(key, g.head)
             job = g.jobs[k]
             placed = None
-            first = blocked.get(key) if grown is not None else None
-            if first is not None and not _fits_any(free.free[grown], first):  # as free is now
-                self._blocked[key] = first  # still no node for its largest container
-            elif all(need <= have * (1 + 1e-9) + 1e-6 for need, have in zip(g.total, left, strict=True)):
+            if all(need <= have * (1 + 1e-9) + 1e-6 for need, have in zip(g.total, left, strict=True)):
                 placed = free.place_gang(request_of(job.spec), self.cfg.placement)
-                if placed is None and free.unplaced_first is not None:
-                    self._blocked[key] = free.unplaced_first
             if placed is None:  # this request does not fit now, nor will it later this round
                 if not self.cfg.backfill:
                     break
@@ -144,7 +122,6 @@ class Static:
             if k < len(g.jobs):
                 at[key] = k
                 heapq.heappush(heap, (g.jobs[k].order, key))
-        self._end = free.free.copy()  # free capacity once this round's starts are booked
         return out
 
     def _take_in(self, queue: Sequence[JobView], nodes: object) -> None:
@@ -154,7 +131,6 @@ class Static:
         if nodes is not self._nodes or (i > 0 and self._ids.get(queue[i - 1].order) != queue[i - 1].id):
             self._nodes = nodes
             self._seen = 0
-            self._blocked = {}
             self._groups.clear()
             self._ids.clear()
             i = 0
