@@ -184,11 +184,11 @@ class Nearchus:
         # has nothing to do per running job: it skips them (the same decisions, in time
         # bounded by what is due rather than by the running jobs).
         running: dict[str, JobView] = {}
-        if snap.telemetry or snap.queue or self._adding or any(st.owed for st in self.jobs.values()):
+        if snap.telemetry or snap.queue or self._adding:
             running = {j.id: j for j in snap.running}
             self._sync(snap, running)
-            if self.cfg.restore and not snap.queue:
-                out += self._restore(snap, free)
+        if self.cfg.restore and not snap.queue and any(st.owed for st in self.jobs.values()):
+            out += self._restore(snap, free)
         if self.cfg.reclaim and snap.queue:
             out += self._reclaim(snap, running, free)
         out += self._start(snap, free)
@@ -461,10 +461,10 @@ class Nearchus:
         from the room free now: thin workers grow to the requested cores in place, missing
         workers are added at the requested size. Not an increment (never reclaimed as one)."""
         out: list[Decision] = []
-        for job in sorted(snap.running, key=lambda j: (j.spec.arrival_s, j.id)):
-            st = self.jobs.get(job.id)
-            if st is None or not st.owed or st.pending is not None:
-                continue
+        jobs = self.jobs
+        owed = [j for j in snap.running if (st := jobs.get(j.id)) is not None and st.owed and st.pending is None]
+        for job in sorted(owed, key=lambda j: (j.spec.arrival_s, j.id)):
+            st = jobs[job.id]
             spec = job.spec
             want = spec.worker_res.cpu
             dec: list[Decision] = []
