@@ -278,14 +278,10 @@ class SimCluster:
     # ------------------------------------------------------------- dynamics
     def _bw(self, c: Container) -> float:
         """A container's bandwidth: its link's, times the node's concurrent flows as requested
-        over its flows now (:meth:`_flow_sums`). Equal sums give the full link — the speed a
+        over its flows now (:meth:`_set_flows`). Equal sums give the full link — the speed a
         trace's record implies; more flows than requested share it, fewer leave more."""
-        now_, ref = self._flow_sums(c.node)
+        now_, ref = self._flows[c.node]
         return self.state.node_by_name[c.node].nic_gbps * (max(1.0, ref) / max(1.0, now_))
-
-    def _flow_sums(self, node: str) -> list[float]:
-        """[Σ flows now, Σ flows as requested] on ``node`` (:meth:`_set_flows`)."""
-        return self._flows[node]
 
     def _set_flows(self, j: _Run) -> None:
         """Put the job's flows on its nodes' sums, in place of those it had there. Each PS/worker
@@ -318,7 +314,7 @@ class SimCluster:
         j.flows = tuple(out)
 
     def _factor(self, node: str) -> float:
-        now_, ref = self._flow_sums(node)
+        now_, ref = self._flows[node]
         return max(1.0, ref) / max(1.0, now_)
 
     def _reference_flow(self, j: _Run, containers: Sequence[Container]) -> float:
