@@ -280,8 +280,7 @@ class SimCluster:
         """A container's bandwidth: its link's, times the node's concurrent flows as requested
         over its flows now (:meth:`_set_flows`). Equal sums give the full link — the speed a
         trace's record implies; more flows than requested share it, fewer leave more."""
-        now_, ref = self._flows[c.node]
-        return self.state.node_by_name[c.node].nic_gbps * (max(1.0, ref) / max(1.0, now_))
+        return self.state.node_by_name[c.node].nic_gbps * self._factor(c.node)
 
     def _set_flows(self, j: _Run) -> None:
         """Put the job's flows on its nodes' sums, in place of those it had there. Each PS/worker
@@ -314,6 +313,7 @@ class SimCluster:
         j.flows = tuple(out)
 
     def _factor(self, node: str) -> float:
+        """The node's flows as requested over its flows now (each counted at least 1)."""
         now_, ref = self._flows[node]
         return max(1.0, ref) / max(1.0, now_)
 
