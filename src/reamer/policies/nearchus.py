@@ -207,15 +207,19 @@ class Nearchus:
     def _sync(self, snap: ClusterSnapshot, running: dict[str, JobView]) -> None:
         """Forget jobs no longer running, take in running ones it does not know, confirm the
         containers its additions created and keep each job's measured speed."""
-        for jid in list(self.jobs):
-            if jid not in running:
-                del self.jobs[jid]
-        for job in snap.running:
-            st = self.jobs.setdefault(job.id, _Job(job.started_s or snap.now))
-            if st.pending is not None and not st.pending.added and st.pending.kind.adds:
-                st.pending.added = sorted({c.id for c in job.containers} - st.pending.ids_before)
-            tel = snap.telemetry.get(job.id)
-            if tel is not None and tel.since_s >= st.last_change - 1e-9:
+        jobs = self.jobs
+        for jid in [jid for jid in jobs if jid not in running]:
+            del jobs[jid]
+        for jid, job in running.items():
+            if jid not in jobs:
+                jobs[jid] = _Job(job.started_s or snap.now)
+        for jid in self._adding:  # every job with an addition still to confirm is in _adding (_act)
+            st = jobs.get(jid)
+            if st is not None and st.pending is not None and not st.pending.added and st.pending.kind.adds:
+                st.pending.added = sorted({c.id for c in running[jid].containers} - st.pending.ids_before)
+        for jid, tel in snap.telemetry.items():
+            st = jobs.get(jid)
+            if st is not None and tel.since_s >= st.last_change - 1e-9:
                 st.samples.append(tel.speed)
         self._adding = {jid for jid in self._adding if (st := self.jobs.get(jid)) is not None
                         and st.pending is not None and not st.pending.added and st.pending.kind.adds}
@@ -307,14 +311,14 @@ class Nearchus:
         spec = job.spec
         cores = _cores(job)
         cap = self.cfg.max_growth * _request_cores(spec)
-        ids = frozenset(c.id for c in job.containers)
         decisions: list[Decision] = []
         undo: list[tuple[str, Resources]] = []
         role = kind.role
         if not kind.adds:
-            targets = job.of_role(role)
             new_total = cores
-            for c in targets:
+            for c in job.containers:
+                if c.role is not role:
+                    continue
                 if kind.trims:
                     util = d.ps_cpu_util if role is Role.PS else d.worker_cpu_util
                     want = self._round(max(self.cfg.core_step, c.res.cpu * util * (1 + self.cfg.trim_margin)))
@@ -354,7 +358,7 @@ class Nearchus:
             after = cores + tmpl.cpu
         if kind is Action.TRIM:
             st.owed = False  # it does not use what it has: nothing is owed
-        st.pending = _Change(kind, now, speed, cores, after, undo, ids)
+        st.pending = _Change(kind, now, speed, cores, after, undo, frozenset(c.id for c in job.containers))
         if kind.adds:
             self._adding.add(job.id)
         self._reset(st, now)

@@ -41,12 +41,34 @@ class OptimusConfig(BaseModel):
     placement: Strategy = "pack"
 
 
+class _Series:
+    """A configuration's measured speeds, grown in place: its mean is read after every
+    append, which over a list would convert the whole list each time."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self) -> None:
+        self.buf = np.empty(8)
+        self.n = 0
+
+    def append(self, x: float) -> None:
+        if self.n == len(self.buf):
+            self.buf = np.concatenate([self.buf, np.empty(self.n)])
+        self.buf[self.n] = x
+        self.n += 1
+
+    def mean(self) -> float:
+        return float(np.mean(self.buf[:self.n]))
+
+
 @dataclass
 class _Job:
     config: tuple[int, int] = (0, 0)
     since: float = 0.0
-    points: dict[tuple[int, int], list[float]] = field(default_factory=dict)
-    theta: np.ndarray | None = None
+    points: dict[tuple[int, int], _Series] = field(default_factory=dict)
+    means: dict[tuple[int, int], float] = field(default_factory=dict)  # mean of each config's points
+    theta: tuple[float, ...] | None = None
+    speeds: dict[tuple[int, int], float] = field(default_factory=dict)  # _speed's memo (this theta)
 
 
 def _features(p: int, w: int, batch: int) -> list[float]:
@@ -70,30 +92,38 @@ class Optimus:
             return
         tel = snap.telemetry.get(job.id)
         if tel is not None and tel.since_s >= st.since - 1e-9 and tel.speed > 0:
-            st.points.setdefault((p, w), []).append(tel.speed)
+            pts = st.points.get((p, w))
+            if pts is None:
+                pts = st.points[(p, w)] = _Series()
+            pts.append(tel.speed)
+            st.means[(p, w)] = pts.mean()
+            st.speeds.clear()
             if len(st.points) >= self.cfg.min_points:
-                st.theta = self._fit(st.points, job.spec.batch)
+                st.theta = self._fit(st.means, job.spec.batch)
 
     @staticmethod
-    def _fit(points: dict[tuple[int, int], list[float]], batch: int) -> np.ndarray:
-        a, y = [], []
-        for (p, w), speeds in points.items():
-            steps = float(np.mean(speeds)) / (w * batch)
-            a.append(_features(p, w, batch))
-            y.append(1.0 / steps)
+    def _fit(means: dict[tuple[int, int], float], batch: int) -> tuple[float, ...]:
+        """Fit θ to every configuration's mean speed (the model's time per step)."""
+        a = [_features(p, w, batch) for p, w in means]
+        y = [1.0 / (speed / (w * batch)) for (p, w), speed in means.items()]
         from scipy.optimize import nnls  # deferred: scipy costs ~0.5 s at import
 
         theta, _ = nnls(np.array(a), np.array(y))
-        return theta
+        return tuple(theta.tolist())
 
     def _speed(self, st: _Job, spec: TrainingJob, p: int, w: int) -> float:
         if p < 1 or w < 1:
             return 0.0
-        if st.theta is None:
-            obs = st.points.get((p, w))
-            return float(np.mean(obs)) if obs else 0.0
-        t = float(np.dot(st.theta, _features(p, w, spec.batch)))
-        return w * spec.batch / t if t > 0 else 0.0
+        v = st.speeds.get((p, w))
+        if v is None:
+            if st.theta is None:
+                v = st.means.get((p, w), 0.0)
+            else:
+                t0, t1, t2, t3, t4 = st.theta
+                t = t0 * spec.batch + t1 + t2 * (w / p) + t3 * w + t4 * p  # θ · _features, term by term
+                v = w * spec.batch / t if t > 0 else 0.0
+            st.speeds[(p, w)] = v
+        return v
 
     # --------------------------------------------------------------- a round
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
@@ -106,62 +136,80 @@ class Optimus:
         if not snap.telemetry and not snap.queue:
             return []  # between intervals only arrivals can change anything
         free = self._free = FreeMap(snap, self._free)
-        totals = Resources(*free.cap.sum(axis=0))
-        pool = free.total_free() + sum((j.allocated for j in snap.running), Resources())
+        tc, tm, tg = (float(x) for x in free.cap.sum(axis=0))
+        start = free.total_free() + sum((j.allocated for j in snap.running), Resources())
+        pool = [start.cpu, start.mem_mib, start.gpu]
         target: dict[str, list[int]] = {}
         specs = {j.id: j.spec for j in (*snap.running, *snap.queue)}
         remaining = {j.id: j.remaining for j in (*snap.running, *snap.queue)}
 
-        def take(spec: TrainingJob, role: Role) -> bool:
-            nonlocal pool
-            res = spec.ps_res if role is Role.PS else spec.worker_res
-            if not res.fits_in(pool):
-                return False
-            pool = pool - res
-            return True
+        def take(res: Resources) -> bool:
+            if res.cpu <= pool[0] + 1e-9 and res.mem_mib <= pool[1] + 1e-9 and res.gpu <= pool[2] + 1e-9:
+                pool[0] -= res.cpu
+                pool[1] -= res.mem_mib
+                pool[2] -= res.gpu
+                return True
+            return False
 
         for job in (*snap.running, *snap.queue):  # 1 PS + 1 worker each, if it fits
-            if take(job.spec, Role.PS):
-                if take(job.spec, Role.WORKER):
+            s = job.spec
+            if take(s.ps_res):
+                if take(s.worker_res):
                     target[job.id] = [1, 1]
                 else:
-                    pool = pool + job.spec.ps_res
+                    pool[0] += s.ps_res.cpu
+                    pool[1] += s.ps_res.mem_mib
+                    pool[2] += s.ps_res.gpu
         for jid in list(target):  # jobs still exploring walk their small configurations
             st = self.jobs.get(jid)
             if st is None or st.theta is not None:
                 continue
             want = next((c for c in self.cfg.explore if c not in st.points), (1, 1))
             spec = specs[jid]
-            while target[jid][0] < want[0] and take(spec, Role.PS):
+            while target[jid][0] < want[0] and take(spec.ps_res):
                 target[jid][0] += 1
-            while target[jid][1] < want[1] and take(spec, Role.WORKER):
+            while target[jid][1] < want[1] and take(spec.worker_res):
                 target[jid][1] += 1
+
+        def share(res: Resources) -> float:  # the task's dominant resource share
+            return max(res.cpu / tc, res.mem_mib / max(tm, 1), res.gpu / tg if tg else 0.0)
+
+        shares: dict[str, tuple[float, float]] = {}
+        speed = self._speed
 
         def best(jid: str) -> tuple[float, Role] | None:
             st, spec = self.jobs[jid], specs[jid]
+            memo = st.speeds  # _speed's memo, read here first: this runs for every task granted
             p, w = target[jid]
-            now_t = remaining[jid] / max(self._speed(st, spec, p, w), 1e-12)
+            rem = remaining[jid]
+            if (s := memo.get((p, w))) is None:
+                s = speed(st, spec, p, w)
+            now_t = rem / max(s, 1e-12)
             out = None
-            for role, (dp, dw), cap in ((Role.PS, (1, 0), spec.max_ps), (Role.WORKER, (0, 1), spec.max_workers)):
-                if (p + dp > cap) or (w + dw > cap):
-                    continue
-                res = spec.ps_res if role is Role.PS else spec.worker_res
-                share = max(res.cpu / totals.cpu, res.mem_mib / max(totals.mem_mib, 1), res.gpu / totals.gpu if totals.gpu else 0.0)
-                gain = (now_t - remaining[jid] / max(self._speed(st, spec, p + dp, w + dw), 1e-12)) / share
+            if p + 1 <= spec.max_ps and w <= spec.max_ps:
+                if (s := memo.get((p + 1, w))) is None:
+                    s = speed(st, spec, p + 1, w)
+                out = ((now_t - rem / max(s, 1e-12)) / shares[jid][0], Role.PS)
+            if p <= spec.max_workers and w + 1 <= spec.max_workers:
+                if (s := memo.get((p, w + 1))) is None:
+                    s = speed(st, spec, p, w + 1)
+                gain = (now_t - rem / max(s, 1e-12)) / shares[jid][1]
                 if out is None or gain > out[0]:
-                    out = (gain, role)
+                    out = (gain, Role.WORKER)
             return out
 
         heap = []
         for jid in target:
             if jid in self.jobs and self.jobs[jid].theta is not None:
+                shares[jid] = (share(specs[jid].ps_res), share(specs[jid].worker_res))
                 b = best(jid)
                 if b and b[0] > 0:
                     heap.append((-b[0], jid, b[1]))
         heapq.heapify(heap)
         while heap:
             _, jid, role = heapq.heappop(heap)
-            if not take(specs[jid], role):
+            spec = specs[jid]
+            if not take(spec.ps_res if role is Role.PS else spec.worker_res):
                 continue
             target[jid][0 if role is Role.PS else 1] += 1
             b = best(jid)
