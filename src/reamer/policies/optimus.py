@@ -69,6 +69,13 @@ class _Job:
     means: dict[tuple[int, int], float] = field(default_factory=dict)  # mean of each config's points
     theta: tuple[float, ...] | None = None
     speeds: dict[tuple[int, int], float] = field(default_factory=dict)  # _speed's memo (this theta)
+    chains: dict[tuple[float, float], _Chain] = field(default_factory=dict)  # _chain's memo (this theta)
+
+
+@dataclass(frozen=True)
+class _Chain:
+    steps: list[tuple[float, Role]]  # (gain per unit of remaining work, role) of each task in turn
+    end: tuple[int, int]  # (PS, workers) once all are granted
 
 
 def _features(p: int, w: int, batch: int) -> list[float]:
@@ -98,6 +105,7 @@ class Optimus:
             pts.append(tel.speed)
             st.means[(p, w)] = pts.mean()
             st.speeds.clear()
+            st.chains.clear()
             if len(st.points) >= self.cfg.min_points:
                 st.theta = self._fit(st.means, job.spec.batch)
 
@@ -125,6 +133,34 @@ class Optimus:
             st.speeds[(p, w)] = v
         return v
 
+    def _chain(self, st: _Job, spec: TrainingJob, share_ps: float, share_w: float) -> _Chain:
+        """The tasks the greedy would give the job from 1 PS + 1 worker, one at a time: at
+        each step the one (a PS or a worker) whose gain per unit of remaining work, per unit
+        of its dominant share, is larger; until no task gains or the job's maxima. Kept
+        until its model is re-fitted."""
+        key = (share_ps, share_w)
+        chain = st.chains.get(key)
+        if chain is not None:
+            return chain
+        speed = self._speed
+        p, w = 1, 1
+        steps: list[tuple[float, Role]] = []
+        while True:
+            now_t = 1.0 / max(speed(st, spec, p, w), 1e-12)
+            out = None
+            if p + 1 <= spec.max_ps and w <= spec.max_ps:
+                out = ((now_t - 1.0 / max(speed(st, spec, p + 1, w), 1e-12)) / share_ps, Role.PS)
+            if p <= spec.max_workers and w + 1 <= spec.max_workers:
+                gain = (now_t - 1.0 / max(speed(st, spec, p, w + 1), 1e-12)) / share_w
+                if out is None or gain > out[0]:
+                    out = (gain, Role.WORKER)
+            if out is None or out[0] <= 0:
+                break
+            steps.append(out)
+            p, w = (p + 1, w) if out[1] is Role.PS else (p, w + 1)
+        chain = st.chains[key] = _Chain(steps, (p, w))
+        return chain
+
     # --------------------------------------------------------------- a round
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
         running = {j.id: j for j in snap.running}
@@ -132,13 +168,22 @@ class Optimus:
             if jid not in running:
                 del self.jobs[jid]
         for job in snap.running:
-            self._observe(job, self.jobs.setdefault(job.id, _Job(since=snap.now)), snap)
+            st = self.jobs.get(job.id)
+            if st is None:
+                st = self.jobs[job.id] = _Job(since=snap.now)
+            self._observe(job, st, snap)
         if not snap.telemetry and not snap.queue:
             return []  # between intervals only arrivals can change anything
         free = self._free = FreeMap(snap, self._free)
         tc, tm, tg = (float(x) for x in free.cap.sum(axis=0))
-        start = free.total_free() + sum((j.allocated for j in snap.running), Resources())
-        pool = [start.cpu, start.mem_mib, start.gpu]
+        pool = [0.0, 0.0, 0.0]  # free now + what the running jobs hold (as Σ of each job's allocated)
+        for job in snap.running:
+            cpu = mem = gpu = 0.0
+            for c in job.containers:
+                cpu, mem, gpu = cpu + c.res.cpu, mem + c.res.mem_mib, gpu + c.res.gpu
+            pool[0], pool[1], pool[2] = pool[0] + cpu, pool[1] + mem, pool[2] + gpu
+        have = free.total_free()
+        pool = [have.cpu + pool[0], have.mem_mib + pool[1], have.gpu + pool[2]]
         target: dict[str, list[int]] = {}
         specs = {j.id: j.spec for j in (*snap.running, *snap.queue)}
         remaining = {j.id: j.remaining for j in (*snap.running, *snap.queue)}
@@ -174,47 +219,42 @@ class Optimus:
         def share(res: Resources) -> float:  # the task's dominant resource share
             return max(res.cpu / tc, res.mem_mib / max(tm, 1), res.gpu / tg if tg else 0.0)
 
-        shares: dict[str, tuple[float, float]] = {}
-        speed = self._speed
-
-        def best(jid: str) -> tuple[float, Role] | None:
-            st, spec = self.jobs[jid], specs[jid]
-            memo = st.speeds  # _speed's memo, read here first: this runs for every task granted
-            p, w = target[jid]
-            rem = remaining[jid]
-            if (s := memo.get((p, w))) is None:
-                s = speed(st, spec, p, w)
-            now_t = rem / max(s, 1e-12)
-            out = None
-            if p + 1 <= spec.max_ps and w <= spec.max_ps:
-                if (s := memo.get((p + 1, w))) is None:
-                    s = speed(st, spec, p + 1, w)
-                out = ((now_t - rem / max(s, 1e-12)) / shares[jid][0], Role.PS)
-            if p <= spec.max_workers and w + 1 <= spec.max_workers:
-                if (s := memo.get((p, w + 1))) is None:
-                    s = speed(st, spec, p, w + 1)
-                gain = (now_t - rem / max(s, 1e-12)) / shares[jid][1]
-                if out is None or gain > out[0]:
-                    out = (gain, Role.WORKER)
-            return out
-
-        heap = []
+        # Each job's next tasks, best first, with their gains per unit of remaining work: a
+        # task's gain is (remaining ÷ speed now − remaining ÷ speed with it) ÷ its dominant
+        # share, so a job's order of tasks does not depend on its remaining work, only on
+        # its model — and is remembered with it (_chain).
+        chains = {}
         for jid in target:
-            if jid in self.jobs and self.jobs[jid].theta is not None:
-                shares[jid] = (share(specs[jid].ps_res), share(specs[jid].worker_res))
-                b = best(jid)
-                if b and b[0] > 0:
-                    heap.append((-b[0], jid, b[1]))
+            st = self.jobs.get(jid)
+            if st is not None and st.theta is not None and remaining[jid] > 0:
+                spec = specs[jid]
+                chains[jid] = self._chain(st, spec, share(spec.ps_res), share(spec.worker_res))
+        need = [0.0, 0.0, 0.0]
+        for jid, chain in chains.items():
+            spec = specs[jid]
+            for res, n in ((spec.ps_res, chain.end[0] - 1), (spec.worker_res, chain.end[1] - 1)):
+                need[0], need[1], need[2] = need[0] + n * res.cpu, need[1] + n * res.mem_mib, need[2] + n * res.gpu
+        if all(n <= p - 1e-6 * max(1.0, abs(p)) for n, p in zip(need, pool, strict=True)):
+            for jid, chain in chains.items():  # room for every task: the greedy grants them all
+                target[jid] = list(chain.end)
+            return self._diff(snap, target, free)
+        heap = []
+        at: dict[str, int] = {}
+        for jid, chain in chains.items():
+            if chain.steps:
+                at[jid] = 0
+                heap.append((-remaining[jid] * chain.steps[0][0], jid, chain.steps[0][1]))
         heapq.heapify(heap)
-        while heap:
+        while heap:  # the job whose next task gains most per share gets it, while it fits
             _, jid, role = heapq.heappop(heap)
             spec = specs[jid]
             if not take(spec.ps_res if role is Role.PS else spec.worker_res):
                 continue
             target[jid][0 if role is Role.PS else 1] += 1
-            b = best(jid)
-            if b and b[0] > 0:
-                heapq.heappush(heap, (-b[0], jid, b[1]))
+            k = at[jid] = at[jid] + 1
+            steps = chains[jid].steps
+            if k < len(steps):
+                heapq.heappush(heap, (-remaining[jid] * steps[k][0], jid, steps[k][1]))
         return self._diff(snap, target, free)
 
     def _diff(self, snap: ClusterSnapshot, target: dict[str, list[int]], free: FreeMap) -> list[Decision]:

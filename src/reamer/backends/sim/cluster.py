@@ -17,7 +17,6 @@ real machines.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -77,6 +76,93 @@ class Totals:
     gpu_alloc_s: float = 0.0
     speed_share_s: float = 0.0  # ∫ Σ_running speed / uncontended speed (only with track_share)
     job_s: float = 0.0  # ∫ number of running jobs (only with track_share)
+
+
+class _Ones(Sequence[float]):
+    """``n`` noise factors of 1.0 (no telemetry noise), without a list of them."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:  # type: ignore[override]  # (no slices: none are taken)
+        return 1.0
+
+
+class _Readings(Mapping[str, ContainerTelemetry]):
+    """One job's per-container telemetry of an interval, built when first read. What it
+    depends on is fixed when it is measured (the job's step, its containers, their links'
+    capacities, its noise factors), so it reads the same whenever it is read; a policy that
+    uses only job speeds does not pay for its containers'."""
+
+    __slots__ = ("_args", "_d")
+
+    def __init__(self, args: tuple) -> None:
+        self._args: tuple | None = args
+        self._d: dict[str, ContainerTelemetry] | None = None
+
+    def _built(self) -> dict[str, ContainerTelemetry]:
+        if self._d is None:
+            self._d, self._args = _container_telemetry(*self._args), None
+        return self._d
+
+    def __getitem__(self, cid: str) -> ContainerTelemetry:
+        return self._built()[cid]
+
+    def get(self, cid: str, default: ContainerTelemetry | None = None) -> ContainerTelemetry | None:
+        return self._built().get(cid, default)  # (Mapping's would go through a KeyError)
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self._built()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
+def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Container, ...], caps: list[float],
+                         noise: Sequence[float], k: int) -> dict[str, ContainerTelemetry]:
+    """Each container's readings: its role's share of the step (busy, throttled, traffic),
+    scaled by its own four noise factors from ``noise[k:]``; ``caps``: its link's capacity."""
+    bits = 8.0 * prof.param_bytes
+    n_w = sum(1 for c in containers if c.role is Role.WORKER)
+    n_ps = len(containers) - n_w
+    t = st.t if st.speed > 0 else math.inf
+    w_busy = w_throttled = st.worker_busy
+    if prof.gpu_samples_per_s > 0:  # a GPU worker runs the input pipeline's threads for t_pipe
+        g_busy = min(1.0, st.t_pipe / t)
+        g_throttled = g_busy if st.t_pipe >= t * (1 - 1e-9) else 0.0  # it stalls the step
+    else:
+        g_busy = g_throttled = w_busy
+    w_traffic = 2.0 * bits / t / 1e9
+    ps_traffic = 2.0 * n_w * bits / max(1, n_ps) / t / 1e9
+    out = {}
+    for c, cap in zip(containers, caps, strict=True):
+        a, b, n, g = noise[k], noise[k + 1], noise[k + 2], noise[k + 3]
+        k += NOISES_PER_CONTAINER
+        res = c.res
+        if c.role is Role.WORKER:
+            gpu = res.gpu > 0
+            busy, throttled = (g_busy, g_throttled) if gpu else (w_busy, w_throttled)
+            traffic = w_traffic
+        else:
+            gpu = False
+            busy = throttled = st.ps_busy
+            traffic = ps_traffic
+        out[c.id] = ContainerTelemetry(
+            cpu_used=res.cpu * busy * a,
+            cpu_limit=res.cpu,
+            throttled_ratio=min(1.0, throttled * b),
+            net_gbps=traffic * n,
+            net_capacity_gbps=cap,
+            mem_used_mib=res.mem_mib * 0.8,
+            gpu_util=min(1.0, st.gpu_busy * g) if gpu else 0.0,
+        )
+    return out
 
 
 class SimCluster:
@@ -175,52 +261,25 @@ class SimCluster:
                 due.append((jid, j, since))
         # one noise factor per job and four per container, drawn at once
         noise = self._factors(sum(1 + NOISES_PER_CONTAINER * len(j.rec.containers) for _, j, _ in due))
+        nic, flows = self.state.node_by_name, self._flows
         out = {}
+        k = 0
         for jid, j, since in due:
-            speed = (j.done - j.tel_done) / (now - since) * next(noise)
-            out[jid] = JobTelemetry(since, max(0.0, speed), self._container_telemetry(j, noise))
+            speed = (j.done - j.tel_done) / (now - since) * noise[k]
+            containers = tuple(j.rec.containers.values())
+            caps = [nic[c.node].nic_gbps * (max(1.0, f[1]) / max(1.0, f[0]))  # _bw, as of now
+                    for c in containers for f in (flows[c.node],)]
+            readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1))
+            out[jid] = JobTelemetry(since, max(0.0, speed), readings)
+            k += 1 + NOISES_PER_CONTAINER * len(containers)
             j.tel_since, j.tel_done = now, j.done
         return out
 
-    def _factors(self, n: int) -> Iterator[float]:
-        """``n`` multiplicative noise factors, max(0, 1 + noise × N(0, 1)), as an iterator."""
+    def _factors(self, n: int) -> Sequence[float]:
+        """``n`` multiplicative noise factors, max(0, 1 + noise × N(0, 1))."""
         if not self.noise:
-            return itertools.repeat(1.0, n)
-        return iter(np.maximum(0.0, 1.0 + self.noise * self.rng.standard_normal(n)).tolist())
-
-    def _container_telemetry(self, j: _Run, noise: Iterator[float]) -> dict[str, ContainerTelemetry]:
-        st = j.step
-        prof = self.models[j.rec.spec.model]
-        bits = 8.0 * prof.param_bytes
-        containers = j.rec.containers.values()
-        n_w = sum(1 for c in containers if c.role is Role.WORKER)
-        n_ps = len(containers) - n_w
-        out = {}
-        t = st.t if st.speed > 0 else math.inf
-        gpu_job = prof.gpu_samples_per_s > 0
-        for c in containers:
-            a, b, n, g = next(noise), next(noise), next(noise), next(noise)
-            gpu = c.res.gpu > 0 and c.role is Role.WORKER
-            if c.role is Role.WORKER:
-                if gpu and gpu_job:
-                    busy = min(1.0, st.t_pipe / t)  # the pipeline runs its threads for t_pipe
-                    throttled = busy if st.t_pipe >= t * (1 - 1e-9) else 0.0  # stalls the step
-                else:
-                    busy = throttled = st.worker_busy
-                traffic = 2.0 * bits / t
-            else:
-                busy = throttled = st.ps_busy
-                traffic = 2.0 * n_w * bits / max(1, n_ps) / t
-            out[c.id] = ContainerTelemetry(
-                cpu_used=c.res.cpu * busy * a,
-                cpu_limit=c.res.cpu,
-                throttled_ratio=min(1.0, throttled * b),
-                net_gbps=traffic / 1e9 * n,
-                net_capacity_gbps=self._bw(c),
-                mem_used_mib=c.res.mem_mib * 0.8,
-                gpu_util=min(1.0, st.gpu_busy * g) if gpu else 0.0,
-            )
-        return out
+            return _Ones(n)
+        return np.maximum(0.0, 1.0 + self.noise * self.rng.standard_normal(n)).tolist()
 
     # ---------------------------------------------------------------- actuate
     def actuate(self, decisions: Sequence[Decision], now: float) -> None:
