@@ -7,7 +7,8 @@
 * Every interval: every job (running, then queued in FIFO order) gets 1 PS + 1 worker if it
   fits; then repeatedly the job whose next task (a PS or a worker, whichever gains more)
   gives the largest reduction of remaining time per unit of that task's dominant resource
-  share gets it; stop when the gain is ≤ 0 or the best task no longer fits.
+  share gets it; stop when the gain is ≤ 0 or the best task no longer fits. A job has at most
+  ``max_ps`` PS and ``max_workers`` workers (its spec).
 * Tasks have the size of the user's request (Optimus scales counts, not container sizes);
   placement packs tasks onto the fewest nodes.
 """
@@ -148,9 +149,9 @@ class Optimus:
         while True:
             now_t = 1.0 / max(speed(st, spec, p, w), 1e-12)
             out = None
-            if p + 1 <= spec.max_ps and w <= spec.max_ps:
+            if p + 1 <= spec.max_ps:  # its maxima: spec.max_ps PS, spec.max_workers workers
                 out = ((now_t - 1.0 / max(speed(st, spec, p + 1, w), 1e-12)) / share_ps, Role.PS)
-            if p <= spec.max_workers and w + 1 <= spec.max_workers:
+            if w + 1 <= spec.max_workers:
                 gain = (now_t - 1.0 / max(speed(st, spec, p, w + 1), 1e-12)) / share_w
                 if out is None or gain > out[0]:
                     out = (gain, Role.WORKER)
