@@ -198,19 +198,23 @@ def test_a_replica_killed_or_stopped_mid_run_leaves_routing_and_is_replaced(faul
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not killed:
             if time.monotonic() > start + 15:
+                servers = []
                 for pid in _workload_pids():
                     try:
                         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                     except OSError:
                         continue
                     if b"inference_server" in cmd:
-                        os.kill(pid, fault)
-                        killed.append(pid)
-                        if fault == signal.SIGSTOP:
-                            time.sleep(10)
-                            with contextlib.suppress(ProcessLookupError):
-                                os.kill(pid, signal.SIGCONT)
-                        return
+                        servers.append(pid)
+                if len(servers) == 1:  # the only replica (not one a move is starting or retiring)
+                    pid = servers[0]
+                    os.kill(pid, fault)
+                    killed.append(pid)
+                    if fault == signal.SIGSTOP:
+                        time.sleep(10)
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGCONT)
+                    return
             time.sleep(0.2)
 
     import threading
