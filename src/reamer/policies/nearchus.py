@@ -142,6 +142,11 @@ class _Job:
     owed: bool = False  # runs below its request because it started thin or was squeezed
 
 
+def _unconfirmed(st: _Job) -> bool:
+    """Its last change added containers whose ids it has not seen yet."""
+    return st.pending is not None and not st.pending.added and st.pending.kind.adds
+
+
 def _cores(job: JobView) -> float:
     return sum(c.res.cpu for c in job.containers)
 
@@ -215,14 +220,13 @@ class Nearchus:
                 jobs[jid] = _Job(job.started_s or snap.now)
         for jid in self._adding:  # every job with an addition still to confirm is in _adding (_act)
             st = jobs.get(jid)
-            if st is not None and st.pending is not None and not st.pending.added and st.pending.kind.adds:
+            if st is not None and _unconfirmed(st):
                 st.pending.added = sorted({c.id for c in running[jid].containers} - st.pending.ids_before)
         for jid, tel in snap.telemetry.items():
             st = jobs.get(jid)
             if st is not None and tel.since_s >= st.last_change - 1e-9:
                 st.samples.append(tel.speed)
-        self._adding = {jid for jid in self._adding if (st := self.jobs.get(jid)) is not None
-                        and st.pending is not None and not st.pending.added and st.pending.kind.adds}
+        self._adding = {jid for jid in self._adding if (st := jobs.get(jid)) is not None and _unconfirmed(st)}
 
     # --------------------------------------------------------------- per job
     def _stable_speed(self, st: _Job) -> float | None:
@@ -316,9 +320,7 @@ class Nearchus:
         role = kind.role
         if not kind.adds:
             new_total = cores
-            for c in job.containers:
-                if c.role is not role:
-                    continue
+            for c in job.of_role(role):
                 if kind.trims:
                     util = d.ps_cpu_util if role is Role.PS else d.worker_cpu_util
                     want = self._round(max(self.cfg.core_step, c.res.cpu * util * (1 + self.cfg.trim_margin)))

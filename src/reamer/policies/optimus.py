@@ -43,23 +43,22 @@ class OptimusConfig(BaseModel):
 
 
 class _Series:
-    """A configuration's measured speeds, grown in place: its mean is read after every
-    append, which over a list would convert the whole list each time."""
+    """A configuration's measured speeds, grown in place, and their mean (numpy's, kept up
+    to date at every append; over a list it would convert the whole list each time)."""
 
-    __slots__ = ("buf", "n")
+    __slots__ = ("buf", "n", "mean")
 
     def __init__(self) -> None:
         self.buf = np.empty(8)
         self.n = 0
+        self.mean = 0.0
 
     def append(self, x: float) -> None:
         if self.n == len(self.buf):
             self.buf = np.concatenate([self.buf, np.empty(self.n)])
         self.buf[self.n] = x
         self.n += 1
-
-    def mean(self) -> float:
-        return float(np.mean(self.buf[:self.n]))
+        self.mean = float(np.mean(self.buf[:self.n]))
 
 
 @dataclass
@@ -67,7 +66,6 @@ class _Job:
     config: tuple[int, int] = (0, 0)
     since: float = 0.0
     points: dict[tuple[int, int], _Series] = field(default_factory=dict)
-    means: dict[tuple[int, int], float] = field(default_factory=dict)  # mean of each config's points
     theta: tuple[float, ...] | None = None
     speeds: dict[tuple[int, int], float] = field(default_factory=dict)  # _speed's memo (this theta)
     chains: dict[tuple[float, float], _Chain] = field(default_factory=dict)  # _chain's memo (this theta)
@@ -104,17 +102,16 @@ class Optimus:
             if pts is None:
                 pts = st.points[(p, w)] = _Series()
             pts.append(tel.speed)
-            st.means[(p, w)] = pts.mean()
             st.speeds.clear()
             st.chains.clear()
             if len(st.points) >= self.cfg.min_points:
-                st.theta = self._fit(st.means, job.spec.batch)
+                st.theta = self._fit(st.points, job.spec.batch)
 
     @staticmethod
-    def _fit(means: dict[tuple[int, int], float], batch: int) -> tuple[float, ...]:
+    def _fit(points: dict[tuple[int, int], _Series], batch: int) -> tuple[float, ...]:
         """Fit θ to every configuration's mean speed (the model's time per step)."""
-        a = [_features(p, w, batch) for p, w in means]
-        y = [1.0 / (speed / (w * batch)) for (p, w), speed in means.items()]
+        a = [_features(p, w, batch) for p, w in points]
+        y = [1.0 / (s.mean / (w * batch)) for (p, w), s in points.items()]
         from scipy.optimize import nnls  # deferred: scipy costs ~0.5 s at import
 
         theta, _ = nnls(np.array(a), np.array(y))
@@ -126,7 +123,7 @@ class Optimus:
         v = st.speeds.get((p, w))
         if v is None:
             if st.theta is None:
-                v = st.means.get((p, w), 0.0)
+                v = pts.mean if (pts := st.points.get((p, w))) is not None else 0.0
             else:
                 t0, t1, t2, t3, t4 = st.theta
                 t = t0 * spec.batch + t1 + t2 * (w / p) + t3 * w + t4 * p  # θ · _features, term by term
@@ -221,7 +218,7 @@ class Optimus:
             return max(res.cpu / tc, res.mem_mib / max(tm, 1), res.gpu / tg if tg else 0.0)
 
         # Each job's next tasks, best first, with their gains per unit of remaining work: a
-        # task's gain is (remaining ÷ speed now − remaining ÷ speed with it) ÷ its dominant
+        # task's gain is remaining × (1 ÷ speed now − 1 ÷ speed with it) ÷ its dominant
         # share, so a job's order of tasks does not depend on its remaining work, only on
         # its model — and is remembered with it (_chain).
         chains = {}

@@ -78,19 +78,6 @@ class Totals:
     job_s: float = 0.0  # ∫ number of running jobs (only with track_share)
 
 
-class _Ones(Sequence[float]):
-    """``n`` noise factors of 1.0 (no telemetry noise), without a list of them."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> float:  # type: ignore[override]  # (no slices: none are taken)
-        return 1.0
-
-
 class _Readings(Mapping[str, ContainerTelemetry]):
     """One job's per-container telemetry of an interval, built when first read. What it
     depends on is fixed when it is measured (the job's step, its containers, their links'
@@ -261,24 +248,22 @@ class SimCluster:
                 due.append((jid, j, since))
         # one noise factor per job and four per container, drawn at once
         noise = self._factors(sum(1 + NOISES_PER_CONTAINER * len(j.rec.containers) for _, j, _ in due))
-        nic, flows = self.state.node_by_name, self._flows
         out = {}
         k = 0
         for jid, j, since in due:
             speed = (j.done - j.tel_done) / (now - since) * noise[k]
             containers = tuple(j.rec.containers.values())
-            caps = [nic[c.node].nic_gbps * (max(1.0, f[1]) / max(1.0, f[0]))  # _bw, as of now
-                    for c in containers for f in (flows[c.node],)]
+            caps = [self._bw(c) for c in containers]  # as of now
             readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1))
             out[jid] = JobTelemetry(since, max(0.0, speed), readings)
             k += 1 + NOISES_PER_CONTAINER * len(containers)
             j.tel_since, j.tel_done = now, j.done
         return out
 
-    def _factors(self, n: int) -> Sequence[float]:
+    def _factors(self, n: int) -> list[float]:
         """``n`` multiplicative noise factors, max(0, 1 + noise × N(0, 1))."""
         if not self.noise:
-            return _Ones(n)
+            return [1.0] * n
         return np.maximum(0.0, 1.0 + self.noise * self.rng.standard_normal(n)).tolist()
 
     # ---------------------------------------------------------------- actuate
