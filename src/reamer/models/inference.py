@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -73,6 +74,9 @@ class InferenceProfile:
     request_s: float = 0.0
     delay_s: float = 0.0
 
+    def __hash__(self) -> int:  # profiles key the sizing caches: hash what tells them apart, not ``measured``
+        return hash((self.name, self.a_s, self.b_s, self.parallel_fraction))
+
 
 def effective_cores(cores: float, parallel_fraction: float) -> float:
     """Amdahl-effective cores; below one core the quota is a time share (E = cores)."""
@@ -90,7 +94,7 @@ def service_time_s(profile: InferenceProfile, cores: float, batch, slowdown: flo
     if e <= 0:
         raise ValueError("cores must be > 0")
     per = profile.b_s + profile.request_s
-    if np.ndim(batch):
+    if not isinstance(batch, (int, float)) and np.ndim(batch):
         return (profile.a_s + per * np.asarray(batch, dtype=float)) / e * slowdown
     return (profile.a_s + per * batch) / e * slowdown
 
@@ -171,6 +175,7 @@ _MAX_LOAD = 0.999  # load ratio treated as unstable
 _U = 32  # midpoint grid for uniform arrival instants within a service / formation window
 _TINY = 1e-13
 _MAX_STATES = 20000  # chain size treated as unstable
+_RHO_STEP = 0.01  # load-ratio grid on which capacity_per_replica brackets its root
 
 
 def _pois_pmf(mu, kmax: int) -> np.ndarray:
@@ -311,13 +316,52 @@ def _atoms(lam: float, s: np.ndarray, B: int, tau: float) -> tuple[np.ndarray, n
     return v, p / p.sum()
 
 
-@lru_cache(maxsize=16)
+class _Laws:
+    """Latency laws by key, least recently used first out, bounded by their bytes (one law is
+    8 KiB to a few MiB: its atoms grow with the batch and the load)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._laws: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple) -> tuple[np.ndarray, np.ndarray]:
+        law = self._laws.get(key)
+        if law is not None:
+            self._laws.move_to_end(key)
+            return law
+        lam, s, B, tau = key
+        v, p = _atoms(lam, np.array((0.0,) + s), B, tau)
+        order = np.argsort(v, kind="stable")
+        v, p = v[order], p[order]
+        law = self._laws[key] = (v, np.cumsum(p) - 0.5 * p)
+        self._bytes += v.nbytes * 2
+        while self._bytes > self.max_bytes and len(self._laws) > 1:
+            _, (old, _) = self._laws.popitem(last=False)
+            self._bytes -= old.nbytes * 2
+        return law
+
+
+_LAWS = _Laws(256 * 2**20)
+
+
 def _dist(lam: float, s: tuple[float, ...], B: int, tau: float) -> tuple[np.ndarray, np.ndarray]:
     """Sorted atom values and their mid-point CDF (a continuous, piecewise-linear law)."""
-    v, p = _atoms(lam, np.array((0.0,) + s), B, tau)
-    order = np.argsort(v, kind="stable")
-    v, p = v[order], p[order]
-    return v, np.cumsum(p) - 0.5 * p
+    return _LAWS.get((lam, s, B, tau))
+
+
+def _unit(lam: float, s: tuple[float, ...], tau: float) -> tuple[float, tuple[float, ...], float]:
+    """(rate, service times, time unit) of the same queue in its own time unit.
+
+    With greedy batching (``tau = 0``) the queue has no clock of its own, so its latency law
+    scales with the service times: at service times ``k × s`` and rate ``lam / k`` it is ``k``
+    times the law at ``s`` and ``lam``. Measured in ``s[B]`` (rate and times rounded to 12
+    digits) the law depends only on the load and the batch-time *shape*, whatever the cores
+    or slowdown that scaled it, so every replica size and contention level shares one law."""
+    if tau != 0:
+        return lam, s, 1.0
+    unit = s[-1]
+    return round(lam * unit, 12), tuple(round(x / unit, 12) for x in s), unit
 
 
 @lru_cache(maxsize=65536)
@@ -326,6 +370,12 @@ def _quantile(q: float, lam: float, s: tuple[float, ...], B: int, tau: float) ->
         return (tau if B > 1 else 0.0) + s[0]
     if lam * s[-1] / B >= _MAX_LOAD:
         return math.inf
+    lam_u, s_u, unit = _unit(lam, s, tau)
+    return unit * _unit_quantile(q, lam_u, s_u, B, tau)
+
+
+@lru_cache(maxsize=65536)
+def _unit_quantile(q: float, lam: float, s: tuple[float, ...], B: int, tau: float) -> float:
     v, cm = _dist(lam, s, B, tau)
     return float(np.interp(q, cm, v))
 
@@ -368,8 +418,9 @@ def analytic_slo_miss(
         return float((max_wait_s if max_batch > 1 else 0.0) + s[0] > slo_s)
     if rate * s[-1] / max_batch >= _MAX_LOAD:
         return 1.0
-    v, cm = _dist(float(rate), s, int(max_batch), float(max_wait_s))
-    return float(1.0 - np.interp(slo_s, v, cm, left=0.0, right=1.0))
+    lam, s, unit = _unit(float(rate), s, float(max_wait_s))
+    v, cm = _dist(lam, s, int(max_batch), float(max_wait_s))
+    return float(1.0 - np.interp(slo_s / unit, v, cm, left=0.0, right=1.0))
 
 
 class P99Curve:
@@ -417,8 +468,9 @@ def capacity_per_replica(
 ) -> float:
     """Largest Poisson rate (1/s) one replica serves with analytic p99 <= SLO (0 if none).
 
-    Root of ``log p99(rate) = log SLO`` (Brent's method, a safeguarded bisection) between no
-    load and 95% of the saturation rate (the cap when the SLO is looser still); assumes p99
+    Root of ``log p99(rate) = log SLO`` between no load and 95% of the saturation rate (the
+    cap when the SLO is looser still): bisection on a 0.01 grid of the load ratio, then Brent's
+    method (a safeguarded bisection) between the two grid points around it; assumes p99
     rises with the rate above the lightest load that meets the SLO (true for ``max_wait = 0``).
     ``quantile`` replaces 0.99 by a stricter stationary quantile as a safety margin: a replica
     whose *stationary* p99 equals the SLO misses it in 20-45% of one-minute windows (the
@@ -437,7 +489,11 @@ def capacity_per_replica(
     rho_hi = 0.95
     if excess(rho_hi) <= 0:
         return rho_hi * sat
-    rho = optimize.brentq(excess, 0.0, rho_hi, xtol=1e-5, rtol=rel_tol)
+    lo, hi = 0, round(rho_hi / _RHO_STEP)  # bisect on a grid of the load first: the grid's
+    while hi - lo > 1:  # latency laws are shared by every cores and slowdown (_unit)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if excess(mid * _RHO_STEP) > 0 else (mid, hi)
+    rho = optimize.brentq(excess, lo * _RHO_STEP, hi * _RHO_STEP, xtol=1e-5, rtol=rel_tol)
     while rho > 0 and excess(rho) > 0:  # land on the feasible side of the root
         rho *= 1.0 - rel_tol
     return rho * sat
@@ -452,11 +508,22 @@ class Sizing:
     max_wait_s: float
     replicas: int
     capacity_per_s: float  # per replica, at the SLO
-    p99_s: float  # analytic p99 at rate / replicas
+    rate_per_s: float  # the service's rate it was sized for
+    profile: InferenceProfile
+    slowdown: float = 1.0
 
     @property
     def total_cores(self) -> float:
         return self.cores * self.replicas
+
+    @property
+    def p99_s(self) -> float:
+        """Analytic p99 of each replica at ``rate / replicas`` (computed when read: sizing
+        itself needs only the capacities)."""
+        if self.replicas <= 0:
+            return 0.0
+        return analytic_p99_s(self.rate_per_s / self.replicas, self.profile, self.cores, self.max_batch,
+                              self.max_wait_s, self.slowdown)
 
 
 DEFAULT_CORES = (1, 2, 4, 8)
@@ -525,5 +592,4 @@ def size_service(
     if best is None:
         return None
     c, b, w, n, cap = best
-    p99 = analytic_p99_s(rate / n, profile, c, b, w, slowdown) if n > 0 else 0.0
-    return Sizing(c, b, w, n, cap, p99)
+    return Sizing(c, b, w, n, cap, rate, profile, slowdown)

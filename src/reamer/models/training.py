@@ -18,7 +18,7 @@ model zoo, each with its source; none is tuned here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +67,20 @@ def effective_cores(cores: float, threads: int | None, cal: Calibration) -> floa
     ``threads=None`` means container-aware sizing as the local launcher does it: the quota
     rounded half up, at least one thread. Below one core the quota is a time share.
     """
+    return _effective(cores, threads, cal.parallel_fraction, cal.oversub_penalty)
+
+
+def _effective(cores: float, threads: int | None, f: float, oversub_penalty: float) -> float:
+    """:func:`effective_cores` at parallel fraction ``f``."""
     if cores <= 0:
         return 0.0
     if threads is None:
         threads = max(1, math.floor(cores + 0.5))
     n = min(cores, float(threads))
-    f = cal.parallel_fraction
     e = n if n <= 1.0 else 1.0 / ((1.0 - f) + f / n)
     over = threads / cores - 1.0
     if over > 0:
-        e /= 1.0 + cal.oversub_penalty * over
+        e /= 1.0 + oversub_penalty * over
     return e
 
 
@@ -124,8 +128,10 @@ def step(
     batch: int,
     workers: list[Side],
     ps: list[Side],
+    input_scale: float = 1.0,
 ) -> Step:
-    """Step-time breakdown of a synchronous PS job (slowest worker / PS link decides)."""
+    """Step-time breakdown of a synchronous PS job (slowest worker / PS link decides).
+    ``input_scale`` multiplies the model's input-pipeline cost per sample."""
     w, p = len(workers), len(ps)
     if w == 0 or p == 0:
         return ZERO_STEP
@@ -136,17 +142,18 @@ def step(
     t_pipe = 0.0  # GPU workers: CPU input pipeline time per batch (prefetched in the background)
     cpu_s = 0.0  # core-seconds of CPU all workers use per step
     gpu_s = 0.0  # GPU-seconds all workers use per step
-    w_cal = cal if model.parallel_fraction is None else replace(cal, parallel_fraction=model.parallel_fraction)
+    pf = cal.parallel_fraction if model.parallel_fraction is None else model.parallel_fraction
+    pipe = model.input_core_s_per_sample if input_scale == 1.0 else model.input_core_s_per_sample * input_scale
     for side in workers:
-        e = effective_cores(side.cores, side.threads, w_cal)
+        e = _effective(side.cores, side.threads, pf, cal.oversub_penalty)
         if e <= 0:
             return ZERO_STEP
         busy_cores = min(side.cores, float(side.threads or side.cores))
         if side.gpu > 0 and model.gpu_samples_per_s > 0:
             gpu_rate = model.gpu_samples_per_s * side.gpu
             gpu_t = max(gpu_t, batch / gpu_rate)
-            t_pipe = max(t_pipe, batch * model.input_core_s_per_sample / e)
-            cpu_s += batch * model.input_core_s_per_sample * busy_cores / e
+            t_pipe = max(t_pipe, batch * pipe / e)
+            cpu_s += batch * pipe * busy_cores / e
             gpu_s += side.gpu * batch / gpu_rate
         else:
             t_i = batch * f / e

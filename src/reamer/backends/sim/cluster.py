@@ -458,12 +458,10 @@ class SimCluster:
         key = (model, input_scale, batch, workers, ps)
         st = self._steps.get(key)
         if st is None:
-            prof = self.models[model]
-            if input_scale != 1.0:
-                prof = replace(prof, input_core_s_per_sample=prof.input_core_s_per_sample * input_scale)
             if len(self._steps) >= STEP_MEMO:
                 self._steps.clear()
-            st = self._steps[key] = step(prof, self.cal, batch, [Side(*w) for w in workers], [Side(*p) for p in ps])
+            st = self._steps[key] = step(self.models[model], self.cal, batch, [Side(*w) for w in workers],
+                                         [Side(*p) for p in ps], input_scale)
         return st
 
     def _contend(self, j: _Run, base: Step) -> Step:

@@ -200,6 +200,8 @@ class SimInference:
         self.use_hist: dict[str, deque[float]] = {n.name: deque() for n in self.train_nodes}
         self.need_log: dict[str, float] = {}  # job id -> AR(1) state of its need variation
         self.inference_slow: dict[str, float] = {}  # node -> service-time stretch from CPU contention
+        self._busy_key: tuple | None = None  # (window, replicas) of the busy shares remembered
+        self._busy: dict[str, float] = {}
         self.series: dict[str, list[float]] = {
             "t": [], "harvested_cores": [], "pool_cores": [], "slo_ok_pct": [],
             # GPU training nodes' cores, stacked: training use, training allocation left
@@ -288,7 +290,11 @@ class SimInference:
     def _busy_shares(self, m: int) -> dict[str, float]:
         """Replica id -> share of the window its replica is busy (load ratio at its share of the
         window's rate, uncontended, capped at 1), with the same capacity-weighted routing as
-        :meth:`serve`."""
+        :meth:`serve`. Remembered while the window and the replicas stay the same (the
+        training rounds within a window re-check contention with the same shares)."""
+        key = (m, tuple(r for _, r in self.replicas.replicas()))
+        if key == self._busy_key:
+            return self._busy
         out: dict[str, float] = {}
         for s in self.replicas.services.values():
             if not s.replicas:
@@ -299,6 +305,7 @@ class SimInference:
             for r, c, w in zip(reps, cores, weights, strict=True):
                 sat = max_throughput_per_s(self.profile[s.id], c, r.max_batch)
                 out[r.id] = min(1.0, rate * w / sat) if sat > 0 else 1.0
+        self._busy_key, self._busy = key, out
         return out
 
     def update_contention(self, now: float) -> None:
