@@ -18,6 +18,7 @@ model zoo, each with its source; none is tuned here.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -132,55 +133,103 @@ def step(
 ) -> Step:
     """Step-time breakdown of a synchronous PS job (slowest worker / PS link decides).
     ``input_scale`` multiplies the model's input-pipeline cost per sample."""
+    if not workers or not ps:
+        return ZERO_STEP
+    plan = plan_step(model, cal, batch, [(w.cores, w.gpu, w.threads) for w in workers],
+                     [(p.cores, p.threads) for p in ps])
+    return plan.at(min(w.bw_gbps for w in workers), min(p.bw_gbps for p in ps), input_scale)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What a step is made of apart from its links and its input pipeline's cost per sample:
+    :meth:`at` finishes it for the slowest worker and PS links and one such cost (a job whose
+    links' shares or data-loading need move keeps the plan of its cores)."""
+
+    pipe_s: float  # the model's input-pipeline core-seconds per sample
+    batch: int
+    workers: int
+    bits: float  # one copy of the parameters, in bits
+    shards: int  # PS containers
+    terms: tuple[tuple[float, float, float], ...]  # per worker (GPU: its effective cores, busy cores; CPU: 0, 0, its core-s)
+    t_comp: float  # slowest CPU worker's compute
+    gpu_t: float
+    gpu_s: float
+    t_ps: float
+    ps_cores: float  # cores the PS containers keep busy while they update
+
+    def at(self, worker_gbps: float, ps_gbps: float, input_scale: float = 1.0) -> Step:
+        b_w, b_ps, bits = worker_gbps * 1e9, ps_gbps * 1e9, self.bits
+        t_net = (max(2.0 * bits / b_w, 2.0 * self.workers * bits / (self.shards * b_ps)) if b_w > 0 and b_ps > 0
+                 else math.inf)
+        pipe = self.pipe_s if input_scale == 1.0 else self.pipe_s * input_scale
+        batch, t_pipe, cpu_s = self.batch, 0.0, 0.0
+        for e, busy_cores, core_s in self.terms:  # in worker order, as the core-seconds add up
+            if e > 0:
+                t_pipe = max(t_pipe, batch * pipe / e)
+                cpu_s += batch * pipe * busy_cores / e
+            else:
+                cpu_s += core_s
+        t_comp, gpu_t, t_ps = self.t_comp, self.gpu_t, self.t_ps
+        if gpu_t > 0:  # the pipeline prefetches the next batch while the step runs: it stalls
+            t_comp = max(t_comp, gpu_t + max(0.0, t_pipe - (gpu_t + t_net + t_ps)))  # only if slower
+        t = t_comp + t_net + t_ps
+        cpu_s += self.ps_cores * t_ps
+        return Step(
+            t_comp=t_comp,
+            t_net=t_net,
+            t_ps=t_ps,
+            speed=self.workers * batch / t,
+            worker_busy=t_comp / t,
+            ps_busy=t_ps / t,
+            net_busy=t_net / t,
+            gpu_busy=gpu_t / t,
+            t_pipe=t_pipe,
+            cpu_used=cpu_s / t,
+            gpu_used=self.gpu_s / t,
+        )
+
+
+class _Zero:
+    """The plan of a job that cannot step (no worker or PS, or one without cores)."""
+
+    @staticmethod
+    def at(worker_gbps: float, ps_gbps: float, input_scale: float = 1.0) -> Step:
+        return ZERO_STEP
+
+
+def plan_step(model: ModelProfile, cal: Calibration, batch: int, workers: Sequence[tuple[float, float, int | None]],
+              ps: Sequence[tuple[float, int | None]]) -> StepPlan | _Zero:
+    """The plan of :func:`step` for workers given as (cores, GPUs, threads) and PS containers
+    as (cores, threads)."""
     w, p = len(workers), len(ps)
     if w == 0 or p == 0:
-        return ZERO_STEP
+        return _Zero()
     s_bytes = model.param_bytes
     f = model.core_s_per_sample(cal)
     t_comp = 0.0
     gpu_t = 0.0
-    t_pipe = 0.0  # GPU workers: CPU input pipeline time per batch (prefetched in the background)
-    cpu_s = 0.0  # core-seconds of CPU all workers use per step
     gpu_s = 0.0  # GPU-seconds all workers use per step
+    terms = []
     pf = cal.parallel_fraction if model.parallel_fraction is None else model.parallel_fraction
-    pipe = model.input_core_s_per_sample if input_scale == 1.0 else model.input_core_s_per_sample * input_scale
-    for side in workers:
-        e = _effective(side.cores, side.threads, pf, cal.oversub_penalty)
+    for cores, gpu, threads in workers:
+        e = _effective(cores, threads, pf, cal.oversub_penalty)
         if e <= 0:
-            return ZERO_STEP
-        busy_cores = min(side.cores, float(side.threads or side.cores))
-        if side.gpu > 0 and model.gpu_samples_per_s > 0:
-            gpu_rate = model.gpu_samples_per_s * side.gpu
+            return _Zero()
+        busy_cores = min(cores, float(threads or cores))
+        if gpu > 0 and model.gpu_samples_per_s > 0:
+            gpu_rate = model.gpu_samples_per_s * gpu
             gpu_t = max(gpu_t, batch / gpu_rate)
-            t_pipe = max(t_pipe, batch * pipe / e)
-            cpu_s += batch * pipe * busy_cores / e
-            gpu_s += side.gpu * batch / gpu_rate
+            terms.append((e, busy_cores, 0.0))
+            gpu_s += gpu * batch / gpu_rate
         else:
             t_i = batch * f / e
             t_comp = max(t_comp, t_i)
-            cpu_s += busy_cores * t_i
-    bits = 8.0 * s_bytes
-    b_w = min(side.bw_gbps for side in workers) * 1e9
-    b_ps = min(side.bw_gbps for side in ps) * 1e9
-    t_net = max(2.0 * bits / b_w, 2.0 * w * bits / (p * b_ps)) if b_w > 0 and b_ps > 0 else math.inf
-    e_ps = min(effective_cores(side.cores, side.threads, cal) for side in ps)
+            terms.append((0.0, 0.0, busy_cores * t_i))
+    e_ps = min(effective_cores(cores, threads, cal) for cores, threads in ps)
     if e_ps <= 0:
-        return ZERO_STEP
+        return _Zero()
     t_ps = w * (s_bytes / p) * cal.ps_update_ns_per_byte * 1e-9 / e_ps
-    if gpu_t > 0:  # the pipeline prefetches the next batch while the step runs: it stalls
-        t_comp = max(t_comp, gpu_t + max(0.0, t_pipe - (gpu_t + t_net + t_ps)))  # only if slower
-    t = t_comp + t_net + t_ps
-    cpu_s += sum(min(side.cores, float(side.threads or side.cores)) for side in ps) * t_ps
-    return Step(
-        t_comp=t_comp,
-        t_net=t_net,
-        t_ps=t_ps,
-        speed=w * batch / t,
-        worker_busy=t_comp / t,
-        ps_busy=t_ps / t,
-        net_busy=t_net / t,
-        gpu_busy=gpu_t / t,
-        t_pipe=t_pipe,
-        cpu_used=cpu_s / t,
-        gpu_used=gpu_s / t,
-    )
+    ps_cores = sum(min(cores, float(threads or cores)) for cores, threads in ps)
+    return StepPlan(model.input_core_s_per_sample, batch, w, 8.0 * s_bytes, p, tuple(terms), t_comp, gpu_t, gpu_s,
+                    t_ps, ps_cores)

@@ -36,7 +36,7 @@ from reamer.domain import (
     Role,
     TrainingJob,
 )
-from reamer.models.training import ZERO_STEP, Calibration, ModelProfile, Side, Step, step
+from reamer.models.training import ZERO_STEP, Calibration, ModelProfile, Step, StepPlan, plan_step
 from reamer.models.zoo import ZOO
 
 
@@ -194,7 +194,8 @@ class SimCluster:
         self._flows: dict[str, list[float]] = {n.name: [0.0, 0.0] for n in self.nodes}
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
-        self._steps: dict[tuple, Step] = {}  # _step's memo
+        self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
+        self._plans: dict[tuple, StepPlan] = {}  # and of the plans of cores
         # the views a snapshot shows, kept in the state's queue / running order; a running
         # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
         self._queued: dict[str, JobView] = {}
@@ -367,8 +368,8 @@ class SimCluster:
         spec = j.rec.spec
         nic = min(self.state.node_by_name[c.node].nic_gbps for c in containers)
         w, p = spec.worker_res, spec.ps_res
-        return self._step(spec.model, 1.0, spec.batch, ((w.cpu, nic, w.gpu),) * spec.workers,
-                          ((p.cpu, nic, 0.0),) * spec.ps).net_busy
+        return self._step(spec.model, 1.0, spec.batch, ((w.cpu, w.gpu, None),) * spec.workers, ((p.cpu, None),) * spec.ps,
+                          nic, nic).net_busy
 
     def _progress(self, j: _Run, now: float) -> None:
         """Advance a job's samples to ``now`` at its current speed (called for running jobs,
@@ -431,38 +432,56 @@ class SimCluster:
                 self._account(j, new)
             return False
         self._account(j, new)
-        j.version += 1
         spec = j.rec.spec
         if spec.duration_s is not None:
-            started = j.rec.started_s
-            eta = max(now, (now if started is None else started) + spec.duration_s)
-        else:
-            left = spec.samples - j.done
-            eta = max(now, j.paused_until) + left / new.speed if new.speed > 0 else math.inf
+            return True  # it ends at its first start + duration whatever its speed: the event of its launch stands
+        j.version += 1
+        left = spec.samples - j.done
+        eta = max(now, j.paused_until) + left / new.speed if new.speed > 0 else math.inf
         self.on_change(jid, eta, j.version)
         return True
 
     def _speed(self, j: _Run) -> Step:
         spec = j.rec.spec
         workers, ps = [], []
+        bw_w = bw_ps = math.inf
         for c in j.rec.containers.values():
             if c.role is Role.WORKER:
-                workers.append((c.res.cpu, self._bw(c), c.res.gpu))
+                workers.append((c.res.cpu, c.res.gpu, None))
+                bw_w = min(bw_w, self._bw(c))
             else:
-                ps.append((c.res.cpu, self._bw(c), 0.0))
-        return self._step(spec.model, self.input_scale.get(spec.id, 1.0), spec.batch, tuple(workers), tuple(ps))
+                ps.append((c.res.cpu, None))
+                bw_ps = min(bw_ps, self._bw(c))
+        return self._step(spec.model, self.input_scale.get(spec.id, 1.0), spec.batch, tuple(workers), tuple(ps),
+                          bw_w, bw_ps)
 
-    def _step(self, model: str, input_scale: float, batch: int, workers: tuple, ps: tuple) -> Step:
-        """The speed model's step for sides given as (cores, Gbit/s, GPUs), remembered: jobs of
-        one request on uncongested links share it. Bounded: forgotten wholesale when large."""
-        key = (model, input_scale, batch, workers, ps)
-        st = self._steps.get(key)
-        if st is None:
-            if len(self._steps) >= STEP_MEMO:
-                self._steps.clear()
-            st = self._steps[key] = step(self.models[model], self.cal, batch, [Side(*w) for w in workers],
-                                         [Side(*p) for p in ps], input_scale)
-        return st
+    def _step(self, model: str, input_scale: float, batch: int, workers: tuple, ps: tuple, bw_w: float,
+              bw_ps: float) -> Step:
+        """The speed model's step (:func:`reamer.models.training.plan_step` sides; ``bw_*``: the
+        slowest worker and PS links, Gbit/s). Remembered: the plan per model and cores (a job
+        whose links' shares or input cost move finishes its plan again), the step as well at
+        input scale 1 (jobs of one request on uncongested links share it). Bounded: forgotten
+        wholesale when large."""
+        if not workers or not ps:
+            return ZERO_STEP
+        if input_scale == 1.0:
+            key = (model, batch, workers, ps, bw_w, bw_ps)
+            st = self._steps.get(key)
+            if st is None:
+                if len(self._steps) >= STEP_MEMO:
+                    self._steps.clear()
+                st = self._steps[key] = self._plan(model, batch, workers, ps).at(bw_w, bw_ps)
+            return st
+        return self._plan(model, batch, workers, ps).at(bw_w, bw_ps, input_scale)
+
+    def _plan(self, model: str, batch: int, workers: tuple, ps: tuple) -> StepPlan:
+        key = (model, batch, workers, ps)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= STEP_MEMO:
+                self._plans.clear()
+            plan = self._plans[key] = plan_step(self.models[model], self.cal, batch, workers, ps)
+        return plan
 
     def _contend(self, j: _Run, base: Step) -> Step:
         """The job's step under CPU contention: synchronous training runs at the pace of its
