@@ -169,6 +169,36 @@ def test_capacity_is_where_p99_meets_the_slo():
     assert capacity_per_replica(prof, 2, 8, 0.0, 0.5 * service_time_s(prof, 2, 1)) == 0.0  # SLO below S(1)
 
 
+def test_greedy_batching_latency_scales_with_the_service_times():
+    """At max_wait = 0 the law at k x the service times and rate / k is k x the law: the
+    shared (unit-time) law gives what the queue's own law gives, whatever the cores or slowdown."""
+    from reamer.models.inference import _atoms, _service_vector
+
+    prof = PROFILES["bert_base"]
+    for cores, slowdown, B, load in ((1.0, 1.0, 4, 0.6), (3.5, 1.0, 4, 0.6), (2.0, 1.7, 8, 0.85)):
+        s = _service_vector(prof, cores, B, slowdown)
+        rate = load * B / s[-1]
+        v, p = _atoms(rate, np.array((0.0,) + s), B, 0.0)  # the queue's own law, no sharing
+        order = np.argsort(v, kind="stable")
+        v, p = v[order], p[order]
+        direct = float(np.interp(0.99, np.cumsum(p) - 0.5 * p, v)) + prof.delay_s
+        assert analytic_p99_s(rate, prof, cores, B, 0.0, slowdown) == pytest.approx(direct, rel=1e-9)
+        slo = 1.2 * direct
+        direct_miss = 1.0 - float(np.interp(slo - prof.delay_s, v, np.cumsum(p) - 0.5 * p))
+        assert analytic_slo_miss(rate, prof, cores, B, 0.0, slo, slowdown) == pytest.approx(direct_miss, abs=1e-9)
+
+
+def test_latency_laws_are_kept_within_their_byte_budget():
+    from reamer.models.inference import _Laws
+
+    laws = _Laws(max_bytes=200_000)
+    s = (0.01, 0.015, 0.02, 0.025)
+    for load in (0.3, 0.5, 0.7, 0.9):
+        laws.get((load * 4 / s[-1], s, 4, 0.0))
+    assert laws._bytes <= 200_000 or len(laws._laws) == 1
+    assert laws._bytes == sum(v.nbytes * 2 for v, _ in laws._laws.values())
+
+
 @pytest.mark.parametrize("model,rate,slo", [("resnet50", 120.0, 0.25), ("mobilenet_v2", 900.0, 0.05)])
 def test_sizing_meets_the_slo_in_the_request_level_sim(model, rate, slo):
     prof = PROFILES[model]

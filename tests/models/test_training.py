@@ -59,3 +59,20 @@ def test_gpu_worker_limited_by_input_pipeline():
 
 def test_no_worker_means_no_speed():
     assert step(ZOO["resnet50"], CAL, 32, [], [Side(1, 10)]).speed == 0
+
+
+def test_input_scale_is_the_model_with_that_input_cost():
+    """A drifting data-loading need (``input_scale``) steps exactly as a model whose input cost
+    per sample is scaled, and the plan of a job's cores finishes to the same step as ``step``."""
+    from dataclasses import replace
+
+    from reamer.models.training import plan_step
+
+    m = ZOO["resnet50"]
+    workers, ps = [Side(3.0, 25.0, gpu=1.0), Side(2.0, 10.0, gpu=0.5)], [Side(1.5, 40.0)]
+    for k in (0.4, 1.0, 2.7):
+        scaled = replace(m, input_core_s_per_sample=m.input_core_s_per_sample * k)
+        assert step(m, CAL, 32, workers, ps, input_scale=k) == step(scaled, CAL, 32, workers, ps)
+    plan = plan_step(m, CAL, 32, [(w.cores, w.gpu, w.threads) for w in workers], [(p.cores, p.threads) for p in ps])
+    assert plan.at(10.0, 40.0, 2.7) == step(m, CAL, 32, workers, ps, input_scale=2.7)
+    assert plan.at(10.0, 5.0).t_net > plan.at(10.0, 40.0).t_net  # the links are the plan's caller's
