@@ -65,3 +65,20 @@ def test_local_policy_section_defaults_to_a_real_runs_policy_and_ids_are_unique(
     job = {"id": "j", "model": "small_cnn", "samples": 10}
     with pytest.raises(InputError, match="job ids must be unique"):
         parse_local({"hosts": [host], "jobs": [job, job]}, "t.yaml")
+
+
+def test_the_month_scenario_offers_what_its_header_says():
+    """scenarios/month.yaml: 30 days of arrivals at 80% of the cluster's cores, computed from
+    its own workload distributions as its header does."""
+    import math
+    from pathlib import Path
+
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "month.yaml")
+    wl, pools = sc.workload, sc.cluster.node_pools
+    mean = lambda lo_hi: (lo_hi[0] + lo_hi[1]) / 2  # noqa: E731  (uniform integer range)
+    cores = mean(wl.workers) * sum(wl.worker_cores) / len(wl.worker_cores) + mean(wl.ps) * sum(wl.ps_cores) / len(wl.ps_cores)
+    lo, hi = wl.runtime_s
+    runtime = (hi - lo) / math.log(hi / lo)  # mean of a log-uniform runtime
+    offered = cores * runtime / wl.mean_interarrival_s / sum(p.count * p.cores for p in pools)
+    assert offered == pytest.approx(0.80, abs=0.005)
+    assert wl.jobs * wl.mean_interarrival_s == pytest.approx(30 * 86400, rel=1e-3)
