@@ -75,8 +75,12 @@ def test_the_month_scenario_offers_what_its_header_says():
 
     sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "month.yaml")
     wl, pools = sc.workload, sc.cluster.node_pools
-    mean = lambda lo_hi: (lo_hi[0] + lo_hi[1]) / 2  # noqa: E731  (uniform integer range)
-    cores = mean(wl.workers) * sum(wl.worker_cores) / len(wl.worker_cores) + mean(wl.ps) * sum(wl.ps_cores) / len(wl.ps_cores)
+
+    def mean(choices) -> float:
+        return sum(choices) / len(choices)
+
+    # workers and PS: uniform integer ranges (mean of the ends); cores: uniform choices
+    cores = sum(wl.workers) / 2 * mean(wl.worker_cores) + sum(wl.ps) / 2 * mean(wl.ps_cores)
     lo, hi = wl.runtime_s
     runtime = (hi - lo) / math.log(hi / lo)  # mean of a log-uniform runtime
     offered = cores * runtime / wl.mean_interarrival_s / sum(p.count * p.cores for p in pools)
