@@ -198,13 +198,15 @@ class _Zero:
         return ZERO_STEP
 
 
+_NO_STEP = _Zero()
+
 def plan_step(model: ModelProfile, cal: Calibration, batch: int, workers: Sequence[tuple[float, float, int | None]],
               ps: Sequence[tuple[float, int | None]]) -> StepPlan | _Zero:
     """The plan of :func:`step` for workers given as (cores, GPUs, threads) and PS containers
     as (cores, threads)."""
     w, p = len(workers), len(ps)
     if w == 0 or p == 0:
-        return _Zero()
+        return _NO_STEP
     s_bytes = model.param_bytes
     f = model.core_s_per_sample(cal)
     t_comp = 0.0
@@ -215,7 +217,7 @@ def plan_step(model: ModelProfile, cal: Calibration, batch: int, workers: Sequen
     for cores, gpu, threads in workers:
         e = _effective(cores, threads, pf, cal.oversub_penalty)
         if e <= 0:
-            return _Zero()
+            return _NO_STEP
         busy_cores = min(cores, float(threads or cores))
         if gpu > 0 and model.gpu_samples_per_s > 0:
             gpu_rate = model.gpu_samples_per_s * gpu
@@ -228,7 +230,7 @@ def plan_step(model: ModelProfile, cal: Calibration, batch: int, workers: Sequen
             terms.append((0.0, 0.0, busy_cores * t_i))
     e_ps = min(effective_cores(cores, threads, cal) for cores, threads in ps)
     if e_ps <= 0:
-        return _Zero()
+        return _NO_STEP
     t_ps = w * (s_bytes / p) * cal.ps_update_ns_per_byte * 1e-9 / e_ps
     ps_cores = sum(min(cores, float(threads or cores)) for cores, threads in ps)
     return StepPlan(model.input_core_s_per_sample, batch, w, 8.0 * s_bytes, p, tuple(terms), t_comp, gpu_t, gpu_s,

@@ -195,7 +195,7 @@ class SimCluster:
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
         self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
-        self._plans: dict[tuple, StepPlan] = {}  # and of the plans of cores
+        self._plans: dict[tuple, StepPlan] = {}  # and of the plans of cores (a job that cannot step: a plan of none)
         # the views a snapshot shows, kept in the state's queue / running order; a running
         # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
         self._queued: dict[str, JobView] = {}
