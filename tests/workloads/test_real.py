@@ -222,7 +222,10 @@ def test_loadgen_reports_percentiles_and_rate_against_a_local_server():
     assert r["ok"] == r["sent"] and not r["errors"]
     lat = r["latency_ms"]
     assert 2.0 <= lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
-    assert r["achieved_rate"] == pytest.approx(r["ok"] / r["wall_s"], rel=1e-2) and 0.5 < r["wall_s"] < 2.0
+    # wall time cannot end before the last scheduled arrival; no upper bound (a loaded CI host stalls threads)
+    last = max(loadgen.poisson_arrivals([100.0], 1.0, 1.0, seed=4))
+    assert r["wall_s"] >= last - 1e-3
+    assert r["achieved_rate"] == pytest.approx(r["ok"] / r["wall_s"], rel=1e-2)
     with pytest.raises(ValueError):
         loadgen.run_load("ftp://127.0.0.1/x", rates=[1.0], duration_s=1.0)
 
