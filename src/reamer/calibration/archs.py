@@ -9,6 +9,12 @@
                     32 channels, BN + hardtanh), 5 bidirectional GRU layers (hidden 800),
                     linear to 29 characters; input a 2 s spectrogram: 161 bins x 200 frames
                     (20 ms window, 10 ms hop at 16 kHz)
+* ``densenet121``   Huang et al. CVPR 2017, growth 32, blocks [6, 12, 24, 16], 3x224x224
+* ``vit_b16``       Dosovitskiy et al. ICLR 2021, patch 16, 12 layers, hidden 768, 3x224x224
+* ``bilstm``        the Keras IMDB example: embedding 20,000 x 128, two bidirectional
+                    LSTM(64) layers, one sigmoid output, 200 token ids
+
+``TRAIN_MODELS`` are the zoo's training models defined here (``bench/cpu_scaling.py`` trains them).
 
 The real-workload models (what the local backend's inference server serves) are in
 :mod:`reamer.workloads.real.nets`; :func:`reamer.calibration.inference.measure` takes both.
@@ -20,10 +26,11 @@ import math
 from pathlib import Path
 
 MODELS = ("resnet50", "mobilenet_v2", "vgg16", "bert_base", "deepspeech2")
+TRAIN_MODELS = ("resnet50", "mobilenet_v2", "vgg16", "densenet121", "vit_b16", "bert_base", "bilstm")
 
 
 def build_model(torch, name: str):
-    """(module in eval mode, example input for batch 1, input description, dtype name)."""
+    """(module in eval mode, example input for batch 1, input description)."""
     nn = torch.nn
     torch.manual_seed(0)
 
@@ -155,6 +162,73 @@ def build_model(torch, name: str):
                 return self.fc(x).log_softmax(-1)
 
         return DS2().eval(), torch.randn(1, 1, bins, frames), f"2 s spectrogram, {bins} bins x {frames} frames"
+
+    if name == "densenet121":
+        growth, bn_size = 32, 4
+
+        class Dense(nn.Module):
+            def __init__(self, cin):
+                super().__init__()
+                self.body = nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(inplace=True),
+                                          nn.Conv2d(cin, bn_size * growth, 1, bias=False),
+                                          nn.BatchNorm2d(bn_size * growth), nn.ReLU(inplace=True),
+                                          nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False))  # fmt: skip
+
+            def forward(self, x):
+                return torch.cat([x, self.body(x)], 1)
+
+        layers = [conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)]
+        cin = 64
+        for i, n in enumerate((6, 12, 24, 16)):
+            for _ in range(n):
+                layers.append(Dense(cin))
+                cin += growth
+            if i < 3:
+                layers += [nn.BatchNorm2d(cin), nn.ReLU(inplace=True), nn.Conv2d(cin, cin // 2, 1, bias=False),
+                           nn.AvgPool2d(2, 2)]  # fmt: skip
+                cin //= 2
+        layers += [nn.BatchNorm2d(cin), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                   nn.Linear(cin, 1000)]  # fmt: skip
+        return nn.Sequential(*layers).eval(), torch.randn(1, 3, 224, 224), "3x224x224 image"
+
+    if name == "vit_b16":
+        hidden, heads, ffn, n_layers, patch = 768, 12, 3072, 12, 16
+
+        class ViT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Conv2d(3, hidden, patch, patch)
+                self.cls_tok = nn.Parameter(torch.zeros(1, 1, hidden))
+                self.pos = nn.Parameter(torch.randn(1, (224 // patch) ** 2 + 1, hidden) * 0.02)
+                layer = nn.TransformerEncoderLayer(hidden, heads, ffn, 0.0, "gelu", batch_first=True, norm_first=True)
+                self.enc = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+                self.ln = nn.LayerNorm(hidden)
+                self.head = nn.Linear(hidden, 1000)
+
+            def forward(self, img):
+                x = self.embed(img).flatten(2).transpose(1, 2)
+                x = torch.cat([self.cls_tok.expand(x.shape[0], -1, -1), x], 1) + self.pos
+                return self.head(self.ln(self.enc(x))[:, 0])
+
+        return ViT().eval(), torch.randn(1, 3, 224, 224), "3x224x224 image"
+
+    if name == "bilstm":
+        vocab, emb, hid, seq = 20000, 128, 64, 200
+
+        class BiLSTM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, emb)
+                self.l1 = nn.LSTM(emb, hid, batch_first=True, bidirectional=True)
+                self.l2 = nn.LSTM(2 * hid, hid, batch_first=True, bidirectional=True)
+                self.out = nn.Linear(2 * hid, 1)
+
+            def forward(self, ids):
+                x, _ = self.l1(self.emb(ids))
+                _, (h, _) = self.l2(x)
+                return torch.sigmoid(self.out(torch.cat([h[0], h[1]], 1)))
+
+        return BiLSTM().eval(), torch.randint(0, vocab, (1, seq)), f"{seq} token ids"
 
     raise ValueError(f"unknown model {name!r}")
 
