@@ -133,16 +133,11 @@ class Child:
             self.proc.wait()
 
 
-def node_busy_s() -> float:
-    """Busy CPU seconds of the whole node, from /proc/stat."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
 def measure_model(ex, name: str, max_batch: int, step_s: float, configs: list[tuple[int, float | None]],
                   rounds: int, run_s: float, advance) -> list[dict]:  # fmt: skip
     """One child in one cgroup; per round every (threads, quota) config once, order reversed on odd rounds."""
+    from threads import node_busy_s  # bench/threads.py: the node's busy CPU seconds, from /proc/stat
+
     cg = f"m-{name}"
     ex.create(cg)
     ex.set_cpu(cg, None)
@@ -160,10 +155,10 @@ def measure_model(ex, name: str, max_batch: int, step_s: float, configs: list[tu
                 c.send(f"run {threads} {run_s}")
                 if c.expect() != "ready":
                     raise RuntimeError(f"child {name} not ready")
-                before, busy0 = ex.read_stats(cg), node_busy_s()
+                before, (busy0, _) = ex.read_stats(cg), node_busy_s()
                 c.send("start")
                 res = json.loads(c.expect())
-                delta, busy1 = ex.read_stats(cg) - before, node_busy_s()
+                delta, (busy1, _) = ex.read_stats(cg) - before, node_busy_s()
                 a = acc[(threads, quota)]
                 a["samples"] += res["samples"]
                 a["elapsed_s"] += res["elapsed_s"]
