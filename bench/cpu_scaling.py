@@ -136,7 +136,9 @@ class Child:
 def measure_model(ex, name: str, max_batch: int, step_s: float, configs: list[tuple[int, float | None]],
                   rounds: int, run_s: float, advance) -> list[dict]:  # fmt: skip
     """One child in one cgroup; per round every (threads, quota) config once, order reversed on odd rounds."""
-    from threads import node_busy_s  # bench/threads.py: the node's busy CPU seconds, from /proc/stat
+    from threads import (
+        node_busy_s,  # bench/threads.py: the node's busy CPU seconds, from /proc/stat
+    )
 
     cg = f"m-{name}"
     ex.create(cg)
