@@ -236,6 +236,7 @@ def fractions(runs: list[dict]) -> dict[str, float]:
 def update_profile(path: Path, runs: list[dict], source: str) -> list[str]:
     """Write each model's thread sweep into the profile's ``models`` section (params and FLOPs
     from the zoo, the published figures the speed model uses); returns the models written."""
+    from reamer.calibration.run import dumps
     from reamer.calibration.training import fit_fraction
     from reamer.models.profiles import parse_profiles
     from reamer.models.zoo import ZOO
@@ -249,16 +250,16 @@ def update_profile(path: Path, runs: list[dict], source: str) -> list[str]:
             continue
         batch = next(r["params"]["batch"] for r in runs if r["params"]["model"] == model)
         f = fit_fraction(pts)
-        doc.setdefault("models", {})[model] = {
+        doc.setdefault("models", {})[model] = {  # jobs keep the zoo's batch: the measured one is per sample
             "params_m": ZOO[model].params_m, "fwd_gflops": ZOO[model].fwd_gflops,
             "core_s_per_sample": round(1.0 / pts[0][1], 8),
-            "parallel_fraction": None if f is None else round(f, 4), "batch": batch,
+            "parallel_fraction": None if f is None else round(f, 4), "batch": ZOO[model].batch,
             "measured": [[int(c), round(s, 3)] for c, s in pts],
-            "source": f"{source}; batch {batch}; params and FLOPs published (zoo)",
+            "source": f"{source}; measured at batch {batch}; params and FLOPs published (zoo)",
         }  # fmt: skip
         written.append(model)
     parse_profiles(doc, str(path))  # the result must load
-    write_atomic(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(path, dumps(doc))
     return written
 
 

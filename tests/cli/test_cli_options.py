@@ -274,6 +274,14 @@ def test_a_missing_output_folder_is_fine(tmp_path):
 
 
 # ----------------------------------------------------------------------------- runtime errors
+def test_the_table_names_the_models_whose_fraction_the_speed_model_extrapolated():
+    r = run("simulate", "-p", "static", env=WIDE)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())  # the caption wraps at the table's width
+    assert "parallel fractions past the cores they were measured at" in text
+    assert "resnet50 (2 → 4 cores)" in text  # the default's workers reach 4 cores
+
+
 def test_an_os_error_during_the_run_is_one_line_exit_1(tmp_path, monkeypatch):
     from reamer.reports import results
 

@@ -1,7 +1,11 @@
+from pathlib import Path
+
 import pytest
 
 from reamer.config.scenario import load_scenario
 from reamer.errors import InputError
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 
 def test_default_is_embedded():
@@ -67,13 +71,10 @@ def test_local_policy_section_defaults_to_a_real_runs_policy_and_ids_are_unique(
         parse_local({"hosts": [host], "jobs": [job, job]}, "t.yaml")
 
 
-def test_the_month_scenario_offers_what_its_header_says():
-    """scenarios/month.yaml: 30 days of arrivals at 80% of the cluster's cores, computed from
-    its own workload distributions as its header does."""
+def _offered_cores(sc) -> float:
+    """The share of the cluster's cores a synthetic workload offers, from its own distributions."""
     import math
-    from pathlib import Path
 
-    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "month.yaml")
     wl, pools = sc.workload, sc.cluster.node_pools
 
     def mean(choices) -> float:
@@ -83,6 +84,27 @@ def test_the_month_scenario_offers_what_its_header_says():
     cores = sum(wl.workers) / 2 * mean(wl.worker_cores) + sum(wl.ps) / 2 * mean(wl.ps_cores)
     lo, hi = wl.runtime_s
     runtime = (hi - lo) / math.log(hi / lo)  # mean of a log-uniform runtime
-    offered = cores * runtime / wl.mean_interarrival_s / sum(p.count * p.cores for p in pools)
-    assert offered == pytest.approx(0.80, abs=0.005)
-    assert wl.jobs * wl.mean_interarrival_s == pytest.approx(30 * 86400, rel=1e-3)
+    return cores * runtime / wl.mean_interarrival_s / sum(p.count * p.cores for p in pools)
+
+
+def test_the_month_scenario_offers_what_its_header_says():
+    """scenarios/month.yaml: 30 days of arrivals at 80% of the cluster's cores, computed from
+    its own workload distributions as its header does."""
+    sc = load_scenario(SCENARIOS / "month.yaml")
+    assert _offered_cores(sc) == pytest.approx(0.80, abs=0.005)
+    assert sc.workload.jobs * sc.workload.mean_interarrival_s == pytest.approx(30 * 86400, rel=1e-3)
+
+
+def test_the_paper_scenario_is_default_tfjobs_of_the_paper_s_models_at_its_stated_load():
+    import numpy as np
+
+    from reamer.models.profiles import shipped_profiles
+    from reamer.workloads import build_jobs, build_nodes
+
+    sc = load_scenario(SCENARIOS / "paper.yaml")
+    assert _offered_cores(sc) == pytest.approx(0.80, abs=0.005)
+    prof = shipped_profiles()
+    jobs = build_jobs(sc, build_nodes(sc), prof.calibration, np.random.default_rng(1), prof.models)
+    assert len(jobs) == 150 and {(j.ps, j.workers, j.ps_res.cpu, j.worker_res.cpu) for j in jobs} == {(2, 4, 1, 1)}
+    assert {j.model for j in jobs} == set(sc.workload.models)
+    assert all(m.endswith("_cifar10") or m == "bilstm" for m in sc.workload.models)

@@ -5,7 +5,12 @@ import json
 import pytest
 
 from reamer.errors import InputError
-from reamer.models.profiles import load_profiles, read_profile_json, shipped_profiles
+from reamer.models.profiles import (
+    load_profiles,
+    read_profile_json,
+    shipped_profiles,
+    with_parallel_fraction,
+)
 from reamer.models.training import Side, step
 from reamer.models.zoo import ZOO
 
@@ -45,6 +50,32 @@ def test_measured_model_wins_over_flops(tmp_path):
     two = step(m, p.calibration, 32, [Side(2.0, 10.0)], [Side(1.0, 10.0)])
     assert one.t_comp / two.t_comp == pytest.approx(1 / (0.5 + 0.5 / 2))  # the model's own Amdahl f
     assert p.models["resnet50"] is ZOO["resnet50"]
+
+
+def test_a_fraction_holds_up_to_the_cores_it_was_measured_at(tmp_path):
+    doc = with_model(0.002, f=0.5)
+    doc["models"]["small_cnn"]["measured"] = [[1, 500.0], [2, 700.0]]
+    doc["models"]["big"] = {**doc["models"]["small_cnn"], "parallel_fraction": None}
+    doc["training"]["max_cores"] = 2
+    p = load_profiles(write(tmp_path, doc))
+    assert p.models["small_cnn"].max_cores == 2 and p.calibration.max_cores == 2
+    assert p.models["big"].max_cores is None  # no own fraction: the machine's (and its range) applies
+    doc["training"].pop("max_cores")
+    assert load_profiles(write(tmp_path, doc)).calibration.max_cores is None  # not recorded
+
+
+def test_what_if_fraction_replaces_every_model_s_and_the_machine_s():
+    p = with_parallel_fraction(shipped_profiles(), 0.9)
+    assert p.calibration.parallel_fraction == 0.9 and p.calibration.max_cores is None
+    assert set(p.models) == set(shipped_profiles().models)
+    assert all(m.parallel_fraction == 0.9 and m.max_cores is None for m in p.models.values())
+    m = p.models["resnet50"]
+    one = step(m, p.calibration, 32, [Side(1.0, 10.0)], [Side(1.0, 10.0)])
+    four = step(m, p.calibration, 32, [Side(4.0, 10.0)], [Side(1.0, 10.0)])
+    assert one.t_comp / four.t_comp == pytest.approx(1 / (0.1 + 0.9 / 4))
+    assert shipped_profiles().calibration.parallel_fraction != 0.9  # the shipped one is untouched
+    with pytest.raises(ValueError, match="not in"):
+        with_parallel_fraction(shipped_profiles(), 1.2)
 
 
 @pytest.mark.parametrize(("edit", "where"), [

@@ -1,7 +1,8 @@
 """The joint loop in the simulator: at the start of an SLO window training and inference decide
 in one :func:`reamer.control.joint_round`, and inference moves before training takes the
 cores it decided to take — exactly as in a real run. A hand-built case: one GPU node, one
-compute-bound job whose worker grows from 4 to 12 cores, one replica on the node's slack."""
+compute-bound job whose worker grows from 4 to 12 or 14 cores (with its PS and the replica,
+more than the node's 16), one replica on the node's slack."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _run(at: float, monkeypatch) -> tuple[dict, list, list]:
 
         monkeypatch.setattr(cls, "actuate", actuate)
     rounds: list = []
-    r = simulate(SC, GrowAt(at, 12.0), jobs=JOBS, harvest="reamer", on_round=rounds.append)
+    r = simulate(SC, GrowAt(at, 14.0), jobs=JOBS, harvest="reamer", on_round=rounds.append)
     return r.metrics, log, rounds
 
 

@@ -127,7 +127,7 @@ def calibrate(
             ref = training.measure_reference(s.ref_rounds, s.ref_steps, step("training: core speed, 1 vs 2 threads"))
             ps = training.measure_ps(s.ps_repeats)
             tick("training: PS update")
-            diag = {k: round(v, 6) for k, v in ref.items() if k not in ("core_gflops", "parallel_fraction")}
+            diag = {k: round(v, 6) for k, v in ref.items() if k not in ("core_gflops", "parallel_fraction", "max_cores")}
             source = f"{tag}, torch {m['torch']}"
             if ex is not None:
                 over = oversub.measure(ex, s.quota_window_s, s.quota_rounds, step("training: CPU quotas"))
@@ -139,7 +139,7 @@ def calibrate(
                 log.warning(f"skipped the CPU-quota measurement: {reason}")
             diag["background_load_cores"] = round(meter.cores(), 3)
             doc["training"] = {"core_gflops": round(ref["core_gflops"], 4),
-                               "parallel_fraction": round(ref["parallel_fraction"], 4),
+                               "parallel_fraction": round(ref["parallel_fraction"], 4), "max_cores": ref["max_cores"],
                                "oversub_penalty": round(k, 4), "ps_update_ns_per_byte": round(ps, 5),
                                "source": source, "diagnostics": diag}  # fmt: skip
             _warn("training", diag["background_load_cores"])

@@ -105,7 +105,7 @@ def measure_reference(rounds: int, steps: int, tick: Callable[[], None]) -> dict
     t1, t2 = statistics.median(t[1]), statistics.median(t[2])
     s = statistics.median(map(truediv, t[1], t[2]))
     return {"core_gflops": flop / t1 / 1e9, "parallel_fraction": min(1.0, max(0.0, 2.0 * (1.0 - 1.0 / s))),
-            "step_ms_1t": t1 * 1e3, "step_ms_2t": t2 * 1e3, "speedup_2t": s,
+            "max_cores": max(t), "step_ms_1t": t1 * 1e3, "step_ms_2t": t2 * 1e3, "speedup_2t": s,
             "step_1t_spread": (max(t[1]) - min(t[1])) / t1, "step_gflop": flop / 1e9}  # fmt: skip
 
 

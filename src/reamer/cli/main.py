@@ -169,6 +169,14 @@ def _table(results: list[RunResult], title: str) -> Table:
             v = r.metrics.get(key, float("nan"))
             cells.append(f"{v / 3600:.2f}" if fmt == "h" else f"{v / 60:.1f}" if fmt == "m" else fmt.format(v))
         t.add_row(r.policy, *cells)
+    seen: dict[str, tuple[float, float]] = {}
+    for r in results:
+        for model, (limit, top) in r.extrapolated.items():
+            seen[model] = (limit, max(top, seen.get(model, (limit, 0.0))[1]))
+    if seen:
+        t.caption = ("The speed model extrapolated these models' parallel fractions past the cores they were "
+                     "measured at (docs/calibration.md): "
+                     + ", ".join(f"{m} ({lim:g} → {top:g} cores)" for m, (lim, top) in sorted(seen.items())))
     return t
 
 

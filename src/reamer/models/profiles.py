@@ -7,7 +7,8 @@ the one measured on the reference machine (``reamer/data/profiles.json``); ``rea
 
     {"format": "reamer-profile/1",
      "machine": {"cpu", "nproc", "torch", "onnxruntime", "python", "date"},
-     "training": {"core_gflops", "parallel_fraction", "oversub_penalty", "ps_update_ns_per_byte", "source"},
+     "training": {"core_gflops", "parallel_fraction", "oversub_penalty", "ps_update_ns_per_byte", "source",
+                  "max_cores"},
      "models": {NAME: {"params_m", "fwd_gflops", "core_s_per_sample", "parallel_fraction", "batch",
                        "measured": [[cores, samples_per_s], ...], "source"}},
      "inference": {NAME: {"a_ms", "b_ms", "parallel_fraction", "measured": [[cores, batch, ms], ...], ...}},
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -62,6 +63,7 @@ class TrainingSection(Strict):
     oversub_penalty: NonNeg
     ps_update_ns_per_byte: Pos
     source: Annotated[str, Field(min_length=1)]
+    max_cores: Pos | None = None  # the most cores parallel_fraction was measured at
     diagnostics: Diagnostics = Field(default_factory=dict)
 
 
@@ -69,7 +71,7 @@ class ModelEntry(Strict):
     params_m: Pos  # counted
     fwd_gflops: Pos  # counted (torch.utils.flop_counter)
     core_s_per_sample: Pos  # measured fwd+bwd at one core / one thread
-    parallel_fraction: Fraction | None = None  # from the 1- vs 2-core points
+    parallel_fraction: Fraction | None = None  # fitted to ``measured``
     batch: Annotated[int, Field(ge=1)]
     measured: list[tuple[Pos, Pos]] = Field(default_factory=list)  # [cores, samples_per_s]
     source: Annotated[str, Field(min_length=1)]
@@ -133,6 +135,16 @@ class Profiles:
         return MappingProxyType({**ZOO, **self.measured_models})
 
 
+def with_parallel_fraction(prof: Profiles, f: float) -> Profiles:
+    """``prof`` with one Amdahl fraction ``f`` for every training model and the PS (a what-if:
+    no measured range, so nothing warns of extrapolation)."""
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"parallel fraction {f} is not in [0, 1]")
+    models = {n: replace(m, parallel_fraction=f, max_cores=None) for n, m in prof.models.items()}
+    return replace(prof, calibration=replace(prof.calibration, parallel_fraction=f, max_cores=None),
+                   measured_models=MappingProxyType(models))
+
+
 def model_profile(name: str, m: ModelEntry) -> ModelProfile:
     """A measured model as the speed model sees it (a zoo model keeps its GPU figures)."""
     base = ZOO.get(name)
@@ -141,6 +153,7 @@ def model_profile(name: str, m: ModelEntry) -> ModelProfile:
         gpu_samples_per_s=base.gpu_samples_per_s if base else 0.0,
         input_core_s_per_sample=base.input_core_s_per_sample if base else ModelProfile.input_core_s_per_sample,
         source=m.source, measured_core_s_per_sample=m.core_s_per_sample, parallel_fraction=m.parallel_fraction,
+        max_cores=max((c for c, _ in m.measured), default=None) if m.parallel_fraction is not None else None,
     )  # fmt: skip
 
 
@@ -154,7 +167,8 @@ def parse_profiles(data: Any, source: str) -> Profiles:
     """Validate a decoded profile document; bad content → one-line InputError naming the field."""
     doc = validate(ProfileFile, data, source)
     t = doc.training
-    cal = Calibration(t.core_gflops, t.parallel_fraction, t.oversub_penalty, t.ps_update_ns_per_byte, t.source)
+    cal = Calibration(t.core_gflops, t.parallel_fraction, t.oversub_penalty, t.ps_update_ns_per_byte, t.source,
+                      t.max_cores)
     inter = doc.interference
     return Profiles(
         source=source,

@@ -31,6 +31,7 @@ class Calibration:
     oversub_penalty: float  # slowdown per unit of threads/quota above 1
     ps_update_ns_per_byte: float  # PS: core-ns to apply one byte of gradient (read+add+write)
     source: str = ""
+    max_cores: float | None = None  # the most cores ``parallel_fraction`` was measured at (None: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class ModelProfile:
     # the machine's ``Calibration.parallel_fraction``)
     measured_core_s_per_sample: float | None = None
     parallel_fraction: float | None = None
+    max_cores: float | None = None  # the most cores its own fraction was measured at (None: not recorded)
 
     @property
     def param_bytes(self) -> float:
@@ -60,6 +62,14 @@ class ModelProfile:
         if self.measured_core_s_per_sample is not None:
             return self.measured_core_s_per_sample
         return 3.0 * self.fwd_gflops / cal.core_gflops
+
+
+def fraction_of(model: ModelProfile, cal: Calibration) -> tuple[float, float | None]:
+    """The Amdahl fraction the speed model uses for ``model``'s workers and the most cores it
+    holds for: the model's own curve when its profile has one, else the machine's."""
+    if model.parallel_fraction is not None:
+        return model.parallel_fraction, model.max_cores
+    return cal.parallel_fraction, cal.max_cores
 
 
 def effective_cores(cores: float, threads: int | None, cal: Calibration) -> float:
@@ -213,7 +223,7 @@ def plan_step(model: ModelProfile, cal: Calibration, batch: int, workers: Sequen
     gpu_t = 0.0
     gpu_s = 0.0  # GPU-seconds all workers use per step
     terms = []
-    pf = cal.parallel_fraction if model.parallel_fraction is None else model.parallel_fraction
+    pf = fraction_of(model, cal)[0]
     for cores, gpu, threads in workers:
         e = _effective(cores, threads, pf, cal.oversub_penalty)
         if e <= 0:

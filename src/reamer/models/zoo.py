@@ -6,9 +6,19 @@ NVIDIA's published DeepLearningExamples/MLPerf-style results (order of magnitude
 jobs use it). ``input_core_s_per_sample`` is CPU input-pipeline cost per sample for GPU jobs:
 ~8.6 ms per ImageNet image (decode + augment; Mohan et al., "Analyzing and Mitigating Data
 Stalls in DNN Training", VLDB 2021, ~24 cores per V100 for ~2,800 img/s), tokenized text ~1 ms.
+
+The ``*_cifar10`` entries are the same networks as Keras applications built for CIFAR-10
+(``input_shape=(32, 32, 3)``, a 10-way classifier), the workloads of NEARCHUS's reference list:
+derived from the published figures, not published themselves. Parameters: the published count
+less the 1000-way classifier plus a 10-way one. FLOPs: a convolution's cost is proportional to
+its output map's area, so the published FLOPs scale by the input area ratio ((32/224)² = 1/49;
+the strides divide 224 and 32 alike); Inception-v3 at Keras' smallest accepted input, 75 px
+((75/299)²). GPU figures are not derived (CPU training only).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from reamer.models.training import ModelProfile
 
@@ -30,3 +40,24 @@ ZOO: dict[str, ModelProfile] = {
         ModelProfile("bilstm", 2.76, 0.079, 64, 5000.0, _TXT, "Keras IMDB BiLSTM example: 2×BiLSTM(64), emb 128, len 200"),
     )
 }
+
+
+def _cifar10(name: str, features: int, px: int, published_px: int) -> ModelProfile:
+    """``name`` built for CIFAR-10 at ``px`` pixels: its ``features``-wide 1000-way classifier
+    replaced by a 10-way one, its FLOPs scaled by the input area (see the module docstring)."""
+    m = ZOO[name]
+    params = m.params_m - (features * 1000 + 1000) / 1e6 + (features * 10 + 10) / 1e6
+    gflops = m.fwd_gflops * (px / published_px) ** 2
+    return replace(m, name=f"{name}_cifar10", params_m=round(params, 4), fwd_gflops=round(gflops, 5),
+                   gpu_samples_per_s=0.0, input_core_s_per_sample=_IMG * (px / published_px) ** 2,
+                   source=f"{m.source}; CIFAR-10 at {px} px: FLOPs × ({px}/{published_px})², "
+                          f"classifier {features}×1000 → {features}×10")
+
+
+ZOO.update((m.name, m) for m in (
+    _cifar10("resnet50", 2048, 32, 224),
+    _cifar10("mobilenet_v2", 1280, 32, 224),
+    _cifar10("densenet121", 1024, 32, 224),
+    _cifar10("nasnet_mobile", 1056, 32, 224),
+    _cifar10("inception_v3", 2048, 75, 299),
+))

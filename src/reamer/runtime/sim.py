@@ -63,6 +63,8 @@ class RunResult:
     series: dict[str, list[float]] = field(default_factory=dict)
     timelines: dict[str, list[tuple[float, int, int, float]]] = field(default_factory=dict)
     inference_series: dict[str, list[float]] = field(default_factory=dict)  # per SLO window ("slo_ms:*": one value)
+    # model -> (cores its parallel fraction was measured up to, most cores a worker of it got)
+    extrapolated: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_alloc_pct", "gpu_alloc_pct")
@@ -204,7 +206,8 @@ def simulate(
     metrics["wall_s"] = time.perf_counter() - wall0
     log.info("simulated %s under %s", sc.name, name, extra={"seed": sc.seed, "jobs": len(records),
                                                            "unfinished": unfinished, "wall_s": round(metrics["wall_s"], 3)})
-    return RunResult(sc.name, name, sc.seed, records, unfinished, metrics, series, timelines, inf_series)
+    return RunResult(sc.name, name, sc.seed, records, unfinished, metrics, series, timelines, inf_series,
+                     dict(cluster.extrapolated))
 
 
 def _with_interference(sc: Scenario, inter: Interference | None) -> Scenario:

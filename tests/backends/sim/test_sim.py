@@ -176,3 +176,38 @@ def test_a_trace_replays_at_its_recorded_durations_under_static(tmp_path):
     assert r.unfinished == 0 and r.metrics["mean_queue_s"] > 0
     for j in r.jobs:
         assert j.jct_s - j.queue_s == pytest.approx(durations[j.id], rel=1e-9)
+
+
+def test_workers_beyond_a_fraction_s_measured_cores_are_noted_once_per_model(caplog):
+    """The speed model extrapolates a model's Amdahl fraction past the cores it was measured at:
+    the run notes it (model -> (measured up to, most cores seen)) and logs it once per model."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="reamer.backends.sim.cluster")
+    from dataclasses import replace
+
+    from reamer.models.zoo import ZOO
+
+    models = {"resnet50": replace(ZOO["resnet50"], parallel_fraction=0.9, max_cores=2.0),
+              "vgg16": replace(ZOO["vgg16"], parallel_fraction=0.9, max_cores=8.0)}
+    c = SimCluster([Node("n0", 32, 65536)], CAL, np.random.default_rng(0), lambda jid, t, v: None, models=models)
+    for k, (model, cores) in enumerate([("resnet50", 2), ("resnet50", 4), ("resnet50", 6), ("vgg16", 4)]):
+        c.arrive(TrainingJob(f"j{k}", model, 0.0, 1e6, 1, 1, Resources(1, 512), Resources(cores, 512)), 0.0)
+        c.actuate([StartJob(f"j{k}", (Placement(Role.PS, "n0", Resources(1, 512)),
+                                      Placement(Role.WORKER, "n0", Resources(cores, 512))))], 0.0)
+        if k == 0:
+            assert c.extrapolated == {}  # at the measured range: nothing to say
+    assert c.extrapolated == {"resnet50": (2.0, 6.0)}  # vgg16's 4 cores are inside its 8
+    warned = [r for r in caplog.records if "extrapolates" in r.getMessage()]
+    assert len(warned) == 1 and "resnet50" in warned[0].getMessage()
+
+
+def test_a_model_without_its_own_curve_is_held_to_the_machine_s_range():
+    from dataclasses import replace
+
+    cal = replace(CAL, max_cores=2.0)
+    c = SimCluster([Node("n0", 32, 65536)], cal, np.random.default_rng(0), lambda jid, t, v: None)
+    c.arrive(TrainingJob("j", "bert_base", 0.0, 1e6, 1, 1, Resources(1, 512), Resources(4, 512)), 0.0)
+    c.actuate([StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)),
+                              Placement(Role.WORKER, "n0", Resources(4, 512))))], 0.0)
+    assert c.extrapolated == {"bert_base": (2.0, 4.0)}

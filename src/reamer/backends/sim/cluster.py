@@ -17,6 +17,7 @@ real machines.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,8 +37,10 @@ from reamer.domain import (
     Role,
     TrainingJob,
 )
-from reamer.models.training import ZERO_STEP, Calibration, ModelProfile, Step, StepPlan, plan_step
+from reamer.models.training import ZERO_STEP, Calibration, ModelProfile, Step, StepPlan, fraction_of, plan_step
 from reamer.models.zoo import ZOO
+
+log = logging.getLogger(__name__)
 
 
 STEP_MEMO = 65_536  # steps remembered (_step) before the memo starts over
@@ -196,6 +199,9 @@ class SimCluster:
         self._timed: dict[str, float] = {}
         self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
         self._plans: dict[tuple, StepPlan] = {}  # and of the plans of cores (a job that cannot step: a plan of none)
+        # model -> (the most cores its scaling fraction was measured at, the most a worker of it
+        # got beyond that): where the speed model extrapolated (warned once per model)
+        self.extrapolated: dict[str, tuple[float, float]] = {}
         # the views a snapshot shows, kept in the state's queue / running order; a running
         # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
         self._queued: dict[str, JobView] = {}
@@ -481,7 +487,22 @@ class SimCluster:
             if len(self._plans) >= STEP_MEMO:
                 self._plans.clear()
             plan = self._plans[key] = plan_step(self.models[model], self.cal, batch, workers, ps)
+            self._check_range(model, workers)
         return plan
+
+    def _check_range(self, model: str, workers: tuple) -> None:
+        """Note a worker of ``model`` on more cores than the scaling fraction the speed model uses
+        for it was measured at (:func:`~reamer.models.training.fraction_of`), logged once per
+        model; the run's result carries the notes (``RunResult.extrapolated``), and the CLI's
+        tables show them."""
+        f, limit = fraction_of(self.models[model], self.cal)
+        top = max(c for c, _, _ in workers)
+        if limit is None or top <= self.extrapolated.get(model, (limit, limit))[1]:
+            return
+        if model not in self.extrapolated:
+            log.info("%s: workers of %g cores, but its parallel fraction %.3g was measured up to %g cores; "
+                     "the speed model extrapolates", model, top, f, limit)
+        self.extrapolated[model] = (limit, top)
 
     def _contend(self, j: _Run, base: Step) -> Step:
         """The job's step under CPU contention: synchronous training runs at the pace of its
