@@ -8,15 +8,15 @@ NEARCHUS's testbed, docs/scenarios.md) and ``openb`` (16 evenly spaced openb nod
 500 GPU pods of the openb pod list as jobs at offered GPU load 1.0, models from the zoo; needs
 ../shared/data). Every policy runs on the shipped profile (param ``parallel_fraction``:
 ``measured``, the per-model scaling curves); ``static`` and ``nearchus`` run again with one
-Amdahl fraction for every model and the PS (params ``parallel_fraction`` 0.586 — the profile's
-machine-wide one —, 0.8, 0.9, 0.95): the sensitivity of the results to that one constant.
+Amdahl fraction for every model and the PS (params ``parallel_fraction``: the shipped profile's
+machine-wide one, then 0.8, 0.9, 0.95): the sensitivity of the results to that one constant.
 A subset of scenarios or policies (or --no-sensitivity) prints its table and writes its --json
 without ratios, and leaves docs/results.md alone. Metrics per run: mean_jct_s, p95_jct_s,
 mean_queue_s, makespan_s, cpu_util_pct, reconfigurations, speedup_vs_static_ratio (mean over
 jobs of the job's speed under the policy ÷ its speed under static, same seed and fraction),
 wall_s, extrapolated_models (models whose workers got more cores than their fraction was
 measured at). Ratios: nearchus/static and nearchus/optimus of JCT, queueing and speed-up, min
-and max over seeds; ``*_f<fraction>_*`` the same against static at each what-if fraction. Also
+and max over seeds; ``*_f<fraction>_*`` (``_f0p9``) the same against static at each what-if fraction. Also
 writes docs/results.md (the NEARCHUS tables) unless --no-docs.
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
@@ -51,7 +52,7 @@ POLICIES = {  # run name -> (policy, options)
     "nearchus-no-outscale": ("nearchus", {"outscale": False}),
     "nearchus-no-stabilize": ("nearchus", {"stabilize": False}),
 }
-PAPER = {"speed": "+71.4% to +129.1%", "jct": "−35.6%", "queue": "−67.8%"}
+PAPER_CLAIMS = {"speedup": "+71.4% to +129.1%", "jct": "−35.6%", "queue": "−67.8%"}
 SCENARIOS = ("default", "paper", "openb")
 PAPER_SCENARIO = REPO / "scenarios" / "paper.yaml"
 MEASURED = "measured"  # the parallel_fraction param of runs on the shipped profile's per-model curves
@@ -76,12 +77,8 @@ def openb_scenario(quick: bool) -> Scenario:
     }, "bench/nearchus.py")
 
 
-def paper_scenario() -> Scenario:
-    return load_scenario(PAPER_SCENARIO)
-
-
 def scenarios(quick: bool) -> list[Scenario]:
-    out = [load_scenario(None), paper_scenario()]
+    out = [load_scenario(None), load_scenario(PAPER_SCENARIO)]
     if OPENB_NODES.is_file() and OPENB_PODS.is_file():
         out.append(openb_scenario(quick))
     else:
@@ -121,17 +118,17 @@ def main() -> int:
     ap.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES),
                     help="run only these policies (static always runs: speed-ups are relative to it)")
     ap.add_argument("--no-sensitivity", action="store_true", help="only the shipped profile's fractions")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="simulations in parallel")
+    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="simulations in parallel")
     ap.add_argument("--no-docs", action="store_true")
     ap.add_argument("--from-json", help="rebuild the table and docs from an earlier --json file, without running")
     args = ap.parse_args()
     if args.from_json:
         doc = json.loads(Path(args.from_json).read_text())
-        per = {(r["scenario"], r["seed"], r["policy"], r["params"]["parallel_fraction"]): r["metrics"]
+        per = {(r["scenario"], r["seed"], r["policy"], r["params"].get("parallel_fraction", MEASURED)): r["metrics"]
                for r in doc["runs"]}
         seeds = sorted({k[1] for k in per})
         table(per, seeds)
-        if not args.no_docs:
+        if not args.no_docs and doc["ratios"]:  # a subset's file has no ratios: no docs from it
             write_docs(per, seeds, compute_ratios(per, seeds))
         return 0
     seeds = args.seeds[:2] if args.quick else args.seeds
@@ -143,14 +140,16 @@ def main() -> int:
     tasks += [(base.model_copy(update={"seed": seed}), f, {k: POLICIES[k] for k in SENSITIVITY_POLICIES})
               for base in scs for seed in seeds for f in fractions]
     runs, per = [], {}
+    restart_s = {sc.name: sc.cluster.restart_s for sc in scs}
     t0 = time.perf_counter()
-    with Progress(console=Console(stderr=True), transient=True) as bar, \
-            ProcessPoolExecutor(args.workers) as ex:
+    spawn = multiprocessing.get_context("spawn")  # fresh workers: the progress bar runs a thread
+    with ProcessPoolExecutor(max(1, args.workers), mp_context=spawn) as ex, \
+            Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("simulating", total=len(tasks))
         for name, seed, fraction, out in ex.map(one, tasks):
             for run_name, m in out.items():
                 per[(name, seed, run_name, fraction)] = m
-                runs.append(run_entry(name, seed, run_name, m, {"parallel_fraction": fraction}))
+                runs.append(run_entry(name, seed, run_name, m, {"parallel_fraction": fraction, "restart_s": restart_s[name]}))
             bar.advance(task)
     print(f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s ({args.workers} in parallel)", file=sys.stderr)
     if partial:  # a subset: print it, no ratios, no docs
@@ -170,25 +169,32 @@ def main() -> int:
 
 def sensitivity_fractions() -> list[float]:
     """The shipped profile's machine-wide fraction (what a model without its own curve gets),
-    then the published range: 0.8, 0.9, 0.95 (docs/calibration.md: 0.88–0.98 over 1–32 cores)."""
+    then 0.8, 0.9 and 0.95, toward the published many-core curves (docs/calibration.md: 0.88–0.98
+    over 8–32 cores)."""
     return [shipped_profiles().calibration.parallel_fraction, 0.8, 0.9, 0.95]
+
+
+def ratio_key(label: str, other: str, name: str, fraction: str | float, end: str) -> str:
+    """``LABEL_nearchus_over_OTHER_SCENARIO[_fFRACTION]_{min,max}_ratio``; a what-if fraction
+    is written with ``p`` for its point (``_f0p9``), keys staying snake_case."""
+    tag = "" if fraction == MEASURED else "_f" + f"{fraction:g}".replace(".", "p")
+    return f"{label}_nearchus_over_{other}_{name}{tag}_{end}_ratio"
 
 
 def compute_ratios(per: dict, seeds: list[int]) -> dict[str, float]:
     """nearchus ÷ static and ÷ optimus, min and max over seeds (inf where the baseline is 0);
-    at each what-if fraction, nearchus ÷ static (``_f<fraction>``)."""
+    at each what-if fraction, nearchus ÷ static."""
     ratios = {}
     combos = dict.fromkeys((s, f, o) for s, _, _, f in per for o in (("static", "optimus") if f == MEASURED
                                                                      else ("static",)))
     for name, fraction, other in combos:
-        tag = "" if fraction == MEASURED else f"_f{fraction:g}"
         for key, label in (("mean_jct_s", "jct"), ("mean_queue_s", "queue"), ("speedup_vs_static_ratio", "speedup")):
             vals = []
             for seed in seeds:
                 a, b = per[(name, seed, "nearchus", fraction)][key], per[(name, seed, other, fraction)][key]
                 vals.append(a / b if b > 0 else (1.0 if a == b else math.inf))
-            ratios[f"{label}_nearchus_over_{other}_{name}{tag}_min_ratio"] = min(vals)
-            ratios[f"{label}_nearchus_over_{other}_{name}{tag}_max_ratio"] = max(vals)
+            ratios[ratio_key(label, other, name, fraction, "min")] = min(vals)
+            ratios[ratio_key(label, other, name, fraction, "max")] = max(vals)
     return ratios
 
 
@@ -212,11 +218,10 @@ def table(per: dict, seeds: list[int]) -> None:
 
 def write_docs(per: dict, seeds: list[int], ratios: dict) -> None:
     def rng(name, label, other, fraction=MEASURED):
-        tag = "" if fraction == MEASURED else f"_f{fraction:g}"
-        lo = ratios[f"{label}_nearchus_over_{other}_{name}{tag}_min_ratio"]
-        hi = ratios[f"{label}_nearchus_over_{other}_{name}{tag}_max_ratio"]
+        lo = ratios[ratio_key(label, other, name, fraction, "min")]
+        hi = ratios[ratio_key(label, other, name, fraction, "max")]
         if not (math.isfinite(lo) and math.isfinite(hi)):  # a zero baseline: no ratio
-            key = {"jct": "mean_jct_s", "queue": "mean_queue_s"}[label]
+            key = {"jct": "mean_jct_s", "queue": "mean_queue_s", "speedup": "speedup_vs_static_ratio"}[label]
             pairs = [f"{per[(name, s, 'nearchus', fraction)][key]:.0f} s vs {per[(name, s, other, fraction)][key]:.0f} s"
                      for s in seeds]
             return "no ratio (baseline 0): " + "; ".join(pairs)
@@ -229,7 +234,7 @@ def write_docs(per: dict, seeds: list[int], ratios: dict) -> None:
              "| scenario | claim | paper | nearchus vs static | nearchus vs optimus |", "|---|---|---|---|---|"]
     for name in names:
         for label, claim in (("speedup", "per-job training speed"), ("jct", "mean JCT"), ("queue", "mean queueing time")):
-            paper = PAPER[{"speedup": "speed"}.get(label, label)]
+            paper = PAPER_CLAIMS[label]
             lines.append(f"| {name} | {claim} | {paper} | {rng(name, label, 'static')} | {rng(name, label, 'optimus')} |")
     lines += ["", "| scenario | policy | mean JCT (h) | p95 JCT (h) | mean queue (min) | speed-up vs static | CPU used % | reconfigurations |",
               "|---|---|---|---|---|---|---|---|"]

@@ -40,13 +40,30 @@ def test_ratios_per_fraction_are_against_the_static_run_at_that_fraction():
     assert r["jct_nearchus_over_static_paper_min_ratio"] == r["jct_nearchus_over_static_paper_max_ratio"] == 0.5
     assert r["speedup_nearchus_over_static_paper_max_ratio"] == pytest.approx(3.0)
     assert r["queue_nearchus_over_optimus_paper_min_ratio"] == float("inf")  # a zero baseline
-    assert r["jct_nearchus_over_static_paper_f0.9_min_ratio"] == 0.5
-    assert r["jct_nearchus_over_static_paper_f0.9_max_ratio"] == 1.0
+    assert r["jct_nearchus_over_static_paper_f0p9_min_ratio"] == 0.5
+    assert r["jct_nearchus_over_static_paper_f0p9_max_ratio"] == 1.0
     assert not any("optimus_paper_f" in k for k in r)  # the sensitivity runs static and nearchus only
 
 
-def test_sensitivity_starts_at_the_shipped_machine_wide_fraction():
-    from reamer.models.profiles import shipped_profiles
-
-    fs = _bench().sensitivity_fractions()
-    assert fs[0] == shipped_profiles().calibration.parallel_fraction and fs[1:] == [0.8, 0.9, 0.95]
+def test_docs_tables_from_measured_and_what_if_runs(monkeypatch):
+    """write_docs reads every ratio it prints from compute_ratios' keys (measured and what-if
+    fractions side by side) and names the runs of a zero baseline instead of a ratio."""
+    b = _bench()
+    got = {}
+    monkeypatch.setattr(b, "write_results_section", lambda name, lines: got.update({name: lines}))
+    per = {}
+    for seed in (1, 2):
+        for fraction in (b.MEASURED, 0.586, 0.95):
+            others = ("static", "optimus", "nearchus") if fraction == b.MEASURED else ("static", "nearchus")
+            for p in others:
+                jct = {"static": 100.0, "optimus": 120.0, "nearchus": 80.0}[p] * (2 if fraction == 0.95 else 1)
+                per[("default", seed, p, fraction)] = {
+                    "mean_jct_s": jct, "p95_jct_s": jct, "mean_queue_s": 0.0 if p == "optimus" else 10.0,
+                    "speedup_vs_static_ratio": 1.0 if p == "static" else 1.25, "cpu_util_pct": 50.0,
+                    "reconfigurations": 0.0}  # fmt: skip
+    b.write_docs(per, [1, 2], b.compute_ratios(per, [1, 2]))
+    text = "\n".join(got["NEARCHUS"])
+    assert "| default | mean JCT | −35.6% | -20.0% to -20.0% | -33.3% to -33.3% |" in text
+    assert "no ratio (baseline 0): 10 s vs 0 s; 10 s vs 0 s" in text  # queueing against optimus's 0
+    assert "| default | 0.95 | +25.0% to +25.0% | -20.0% to -20.0% | +0.0% to +0.0% |" in text
+    assert "| default | measured |" in text and "| default | 0.586 |" in text

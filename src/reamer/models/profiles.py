@@ -141,7 +141,8 @@ def with_parallel_fraction(prof: Profiles, f: float) -> Profiles:
     if not 0.0 <= f <= 1.0:
         raise ValueError(f"parallel fraction {f} is not in [0, 1]")
     models = {n: replace(m, parallel_fraction=f, max_cores=None) for n, m in prof.models.items()}
-    return replace(prof, calibration=replace(prof.calibration, parallel_fraction=f, max_cores=None),
+    return replace(prof, source=f"{prof.source} at parallel fraction {f:g} (what-if)",
+                   calibration=replace(prof.calibration, parallel_fraction=f, max_cores=None),
                    measured_models=MappingProxyType(models))
 
 

@@ -11,9 +11,10 @@ The ``*_cifar10`` entries are the same networks as Keras applications built for 
 (``input_shape=(32, 32, 3)``, a 10-way classifier), the workloads of NEARCHUS's reference list:
 derived from the published figures, not published themselves. Parameters: the published count
 less the 1000-way classifier plus a 10-way one. FLOPs: a convolution's cost is proportional to
-its output map's area, so the published FLOPs scale by the input area ratio ((32/224)² = 1/49;
-the strides divide 224 and 32 alike); Inception-v3 at Keras' smallest accepted input, 75 px
-((75/299)²). GPU figures are not derived (CPU training only).
+its output map's area, and with "same" padding and strides that divide both 224 and 32 every
+map shrinks by the input's ratio, so the published FLOPs scale by (32/224)² = 1/49. (Inception-v3
+has no such entry: its "valid" padding makes the ratio differ from stage to stage.) GPU figures
+are not derived (CPU training only).
 """
 
 from __future__ import annotations
@@ -42,22 +43,19 @@ ZOO: dict[str, ModelProfile] = {
 }
 
 
-def _cifar10(name: str, features: int, px: int, published_px: int) -> ModelProfile:
-    """``name`` built for CIFAR-10 at ``px`` pixels: its ``features``-wide 1000-way classifier
-    replaced by a 10-way one, its FLOPs scaled by the input area (see the module docstring)."""
+def _cifar10(name: str, features: int) -> ModelProfile:
+    """``name`` built for CIFAR-10: its ``features``-wide 1000-way classifier replaced by a
+    10-way one, its FLOPs scaled from 224 to 32 px (see the module docstring)."""
     m = ZOO[name]
     params = m.params_m - (features * 1000 + 1000) / 1e6 + (features * 10 + 10) / 1e6
-    gflops = m.fwd_gflops * (px / published_px) ** 2
-    return replace(m, name=f"{name}_cifar10", params_m=round(params, 4), fwd_gflops=round(gflops, 5),
-                   gpu_samples_per_s=0.0, input_core_s_per_sample=_IMG * (px / published_px) ** 2,
-                   source=f"{m.source}; CIFAR-10 at {px} px: FLOPs × ({px}/{published_px})², "
-                          f"classifier {features}×1000 → {features}×10")
+    return replace(m, name=f"{name}_cifar10", params_m=round(params, 4), fwd_gflops=round(m.fwd_gflops / 49, 5),
+                   gpu_samples_per_s=0.0,
+                   source=f"{m.source}; CIFAR-10 at 32 px: FLOPs × (32/224)², classifier {features}×1000 → {features}×10")
 
 
 ZOO.update((m.name, m) for m in (
-    _cifar10("resnet50", 2048, 32, 224),
-    _cifar10("mobilenet_v2", 1280, 32, 224),
-    _cifar10("densenet121", 1024, 32, 224),
-    _cifar10("nasnet_mobile", 1056, 32, 224),
-    _cifar10("inception_v3", 2048, 75, 299),
+    _cifar10("resnet50", 2048),
+    _cifar10("mobilenet_v2", 1280),
+    _cifar10("densenet121", 1024),
+    _cifar10("nasnet_mobile", 1056),
 ))

@@ -63,7 +63,8 @@ class RunResult:
     series: dict[str, list[float]] = field(default_factory=dict)
     timelines: dict[str, list[tuple[float, int, int, float]]] = field(default_factory=dict)
     inference_series: dict[str, list[float]] = field(default_factory=dict)  # per SLO window ("slo_ms:*": one value)
-    # model -> (cores its parallel fraction was measured up to, most cores a worker of it got)
+    # model (or "PS") -> (cores the parallel fraction used for its workers (its PS containers) was
+    # measured up to, the most cores one of them got)
     extrapolated: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 

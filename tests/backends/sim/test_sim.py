@@ -211,3 +211,18 @@ def test_a_model_without_its_own_curve_is_held_to_the_machine_s_range():
     c.actuate([StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)),
                               Placement(Role.WORKER, "n0", Resources(4, 512))))], 0.0)
     assert c.extrapolated == {"bert_base": (2.0, 4.0)}
+
+
+def test_what_is_noted_is_the_cores_containers_got_not_their_request():
+    """A job started below its request (a thin start) is held to the cores it runs on; a PS
+    grown past the machine's measured range is noted as ``PS``."""
+    from dataclasses import replace
+
+    cal = replace(CAL, max_cores=2.0)
+    c = SimCluster([Node("n0", 32, 65536)], cal, np.random.default_rng(0), lambda jid, t, v: None)
+    c.arrive(TrainingJob("j", "bert_base", 0.0, 1e6, 1, 1, Resources(1, 512), Resources(8, 512)), 0.0)
+    c.actuate([StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)),
+                              Placement(Role.WORKER, "n0", Resources(1, 512))))], 0.0)
+    assert c.extrapolated == {}
+    c.actuate([AddContainer("j", Placement(Role.PS, "n0", Resources(3, 512)))], 10.0)
+    assert c.extrapolated == {"PS": (2.0, 3.0)}

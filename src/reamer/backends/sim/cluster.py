@@ -458,6 +458,8 @@ class SimCluster:
             else:
                 ps.append((c.res.cpu, None))
                 bw_ps = min(bw_ps, self._bw(c))
+        if workers and ps:
+            self._check_range(spec.model, workers, ps)
         return self._step(spec.model, self.input_scale.get(spec.id, 1.0), spec.batch, tuple(workers), tuple(ps),
                           bw_w, bw_ps)
 
@@ -487,22 +489,21 @@ class SimCluster:
             if len(self._plans) >= STEP_MEMO:
                 self._plans.clear()
             plan = self._plans[key] = plan_step(self.models[model], self.cal, batch, workers, ps)
-            self._check_range(model, workers)
         return plan
 
-    def _check_range(self, model: str, workers: tuple) -> None:
-        """Note a worker of ``model`` on more cores than the scaling fraction the speed model uses
-        for it was measured at (:func:`~reamer.models.training.fraction_of`), logged once per
-        model; the run's result carries the notes (``RunResult.extrapolated``), and the CLI's
-        tables show them."""
-        f, limit = fraction_of(self.models[model], self.cal)
-        top = max(c for c, _, _ in workers)
-        if limit is None or top <= self.extrapolated.get(model, (limit, limit))[1]:
-            return
-        if model not in self.extrapolated:
-            log.info("%s: workers of %g cores, but its parallel fraction %.3g was measured up to %g cores; "
-                     "the speed model extrapolates", model, top, f, limit)
-        self.extrapolated[model] = (limit, top)
+    def _check_range(self, model: str, workers: list, ps: list) -> None:
+        """Note a job's containers on more cores than the parallel fraction the speed model uses
+        for them was measured at (:func:`~reamer.models.training.fraction_of` for ``model``'s
+        workers, the machine's for every PS, noted as ``PS``), logged once per name; the run's
+        result carries the notes (``RunResult.extrapolated``), and the CLI's tables show them."""
+        for name, (f, limit), top in ((model, fraction_of(self.models[model], self.cal), max(c for c, _, _ in workers)),
+                                      ("PS", (self.cal.parallel_fraction, self.cal.max_cores), max(c for c, _ in ps))):
+            if limit is None or top <= self.extrapolated.get(name, (limit, limit))[1]:
+                continue
+            if name not in self.extrapolated:
+                log.info("%s: containers of %g cores, but the parallel fraction %.3g the speed model uses for them "
+                         "was measured up to %g cores; it extrapolates", name, top, f, limit)
+            self.extrapolated[name] = (float(limit), float(top))
 
     def _contend(self, j: _Run, base: Step) -> Step:
         """The job's step under CPU contention: synchronous training runs at the pace of its
