@@ -1,6 +1,6 @@
 """NEARCHUS vs Optimus vs static (and ablations), side by side, same seeds.
 
-    python bench/nearchus.py --json bench-nearchus.json [--seeds 1 2 3] [--quick]
+    python bench/nearchus.py --json docs/data/nearchus.json [--seeds 1 2 3] [--quick]
     python bench/nearchus.py --scenarios openb --policies nearchus --seeds 2   # iterate
 
 Scenarios: ``default`` (the embedded one), ``paper`` (``scenarios/paper.yaml``: shaped like
@@ -230,7 +230,7 @@ def write_docs(per: dict, seeds: list[int], ratios: dict) -> None:
     names = list(dict.fromkeys(s for s, _, _, _ in per))
     lines = ["## NEARCHUS",
              "", (f"Seeds {', '.join(map(str, seeds))}; values are min–max over seeds, against `static` "
-                  "(same seed, same workload). Regenerate: `python bench/nearchus.py --json bench-nearchus.json`."), "",
+                  "(same seed, same workload). Regenerate: `python bench/nearchus.py --json docs/data/nearchus.json`."), "",
              "| scenario | claim | paper | nearchus vs static | nearchus vs optimus |", "|---|---|---|---|---|"]
     for name in names:
         for label, claim in (("speedup", "per-job training speed"), ("jct", "mean JCT"), ("queue", "mean queueing time")):
