@@ -293,6 +293,8 @@ class SimCluster:
     def _carry(self, e: Effect, now: float) -> set[str]:
         """The physics of one effect; returns the nodes it touched."""
         j = self.jobs[e.job]
+        if not isinstance(e, Stop):
+            self._check_range(j)
         if isinstance(e, Launch):
             j.t_last = j.tel_since = now
             j.tel_done = j.done
@@ -458,8 +460,6 @@ class SimCluster:
             else:
                 ps.append((c.res.cpu, None))
                 bw_ps = min(bw_ps, self._bw(c))
-        if workers and ps:
-            self._check_range(spec.model, workers, ps)
         return self._step(spec.model, self.input_scale.get(spec.id, 1.0), spec.batch, tuple(workers), tuple(ps),
                           bw_w, bw_ps)
 
@@ -491,13 +491,21 @@ class SimCluster:
             plan = self._plans[key] = plan_step(self.models[model], self.cal, batch, workers, ps)
         return plan
 
-    def _check_range(self, model: str, workers: list, ps: list) -> None:
-        """Note a job's containers on more cores than the parallel fraction the speed model uses
-        for them was measured at (:func:`~reamer.models.training.fraction_of` for ``model``'s
-        workers, the machine's for every PS, noted as ``PS``), logged once per name; the run's
-        result carries the notes (``RunResult.extrapolated``), and the CLI's tables show them."""
-        for name, (f, limit), top in ((model, fraction_of(self.models[model], self.cal), max(c for c, _, _ in workers)),
-                                      ("PS", (self.cal.parallel_fraction, self.cal.max_cores), max(c for c, _ in ps))):
+    def _check_range(self, j: _Run) -> None:
+        """Note a job's containers (as an effect leaves them) on more cores than the parallel
+        fraction the speed model uses for them was measured at
+        (:func:`~reamer.models.training.fraction_of` for its model's workers, the machine's for
+        every PS, noted as ``PS``), logged once per name; the run's result carries the notes
+        (``RunResult.extrapolated``), and the CLI's tables show them."""
+        model = j.rec.spec.model
+        top_w = top_ps = 0.0
+        for c in j.rec.containers.values():
+            if c.role is Role.WORKER:
+                top_w = max(top_w, c.res.cpu)
+            else:
+                top_ps = max(top_ps, c.res.cpu)
+        for name, (f, limit), top in ((model, fraction_of(self.models[model], self.cal), top_w),
+                                      ("PS", (self.cal.parallel_fraction, self.cal.max_cores), top_ps)):
             if limit is None or top <= self.extrapolated.get(name, (limit, limit))[1]:
                 continue
             if name not in self.extrapolated:
