@@ -137,7 +137,7 @@ class Profiles:
 
 def with_parallel_fraction(prof: Profiles, f: float) -> Profiles:
     """``prof`` with one Amdahl fraction ``f`` for every training model and the PS (a what-if:
-    no measured range, so nothing warns of extrapolation)."""
+    no measured range, so no run notes an extrapolation)."""
     if not 0.0 <= f <= 1.0:
         raise ValueError(f"parallel fraction {f} is not in [0, 1]")
     models = {n: replace(m, parallel_fraction=f, max_cores=None) for n, m in prof.models.items()}
