@@ -199,8 +199,8 @@ class SimCluster:
         self._timed: dict[str, float] = {}
         self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
         self._plans: dict[tuple, StepPlan] = {}  # and of the plans of cores (a job that cannot step: a plan of none)
-        # model -> (the most cores its scaling fraction was measured at, the most a worker of it
-        # got beyond that): where the speed model extrapolated (warned once per model)
+        # model (or "PS") -> (the most cores the fraction used for its containers was measured
+        # at, the most one of them got beyond that): where the speed model extrapolated (_check_range)
         self.extrapolated: dict[str, tuple[float, float]] = {}
         # the views a snapshot shows, kept in the state's queue / running order; a running
         # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
