@@ -12,7 +12,7 @@ from reamer.backends.local.session import RunLocked, sigterm_as_interrupt
 from reamer.config.local import LocalScenario
 from reamer.errors import InputError
 from reamer.models.profiles import Profiles
-from reamer.reports.local import failures, label, phases, summarize, write_local_report
+from reamer.reports.local import failures, label, phases, placements, summarize, write_local_report
 from reamer.runtime.local import run_scenario
 from reamer.runtime.rounds import RoundRecord, RoundStream
 
@@ -34,7 +34,7 @@ def _round_line(r: RoundRecord) -> str:
 
 def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Console, report: Path, *,
              state_dir: Path | None = None, fresh: bool = False, keep_state: bool = False,
-             dashboard: tuple[str, int] | None = None) -> tuple[dict[str, float], list[dict]]:
+             dashboard: tuple[str, int] | None = None) -> tuple[dict[str, float], dict[str, list[dict]]]:
     """Run ``sc`` for real; Ctrl-C or SIGTERM stop it and still remove every process and
     cgroup. With ``state_dir`` the run is crash-safe (an unfinished run there is resumed, or
     with ``fresh`` discarded); with ``dashboard`` (host, port) its live dashboard is served
@@ -95,4 +95,10 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
                           highlight=False)
     write_local_report(report, f"Reamer demo: {sc.name} (real run)", run, slo)
     out.print(f"HTML report (real run): {report.resolve()}")
-    return metrics, failures(run)
+    places = placements(run.result.rounds, around=3)
+    for p in places:
+        for job, j in p["jobs"].items():
+            console.print(f"t={p['t_s']:.0f}s {'+'.join(p['moves'])}: {job} {j['before']:.1f} -> {j['after']:.1f} "
+                          f"samples/s" + (f" (noise ±{j['noise_pct']:.1f}%)" if j["noise_pct"] is not None else "")
+                          + (" (reshaped)" if j["reshaped"] else ""), highlight=False)
+    return metrics, {"failures": failures(run), "placements": places}

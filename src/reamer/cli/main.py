@@ -328,7 +328,7 @@ def demo(
     mode = Mode(mode)
     out = human(json_out)
     real_metrics: dict[str, float] = {}
-    real_failures: list[dict] = []
+    real_extra: dict[str, list[dict]] = {}
     real_report = report.with_name(f"{report.stem}-real{report.suffix}")
     colo_report = report.with_name(f"{report.stem}-colocation{report.suffix}")
     with _errors():
@@ -346,7 +346,7 @@ def demo(
             if reason is None:
                 from reamer.cli.local import run_real
 
-                real_metrics, real_failures = run_real(local, prof, console, out, real_report)
+                real_metrics, real_extra = run_real(local, prof, console, out, real_report)
             elif mode is Mode.real:
                 raise InputError("reamer demo --mode real", "machine", "root, writable cgroups, iproute2", reason)
             else:
@@ -354,7 +354,7 @@ def demo(
         if mode is Mode.real:
             if json_out:
                 emit_json(json_out, _document("demo", [{**run_entry("local", 0, "nearchus+reamer", real_metrics),
-                                                        "failures": real_failures}]))
+                                                        **real_extra}]))
             return
         sc = load_embedded("default")
         prof = load_profiles(profiles)
@@ -368,7 +368,7 @@ def demo(
     if json_out:
         entries = _entries([*results, *colo_results])
         if real_metrics:
-            entries.insert(0, {**run_entry("local", 0, "nearchus+reamer", real_metrics), "failures": real_failures})
+            entries.insert(0, {**run_entry("local", 0, "nearchus+reamer", real_metrics), **real_extra})
         emit_json(json_out, _document("demo", entries))
     from reamer.reports.html import write_report
 
@@ -409,12 +409,12 @@ def local_command(
         reason = unavailable()
         if reason is not None:
             raise InputError("reamer local", "machine", "root, writable cgroups, iproute2, torch, onnxruntime", reason)
-        metrics, failed = run_real(sc, prof, console, human(json_out), report,
+        metrics, extra = run_real(sc, prof, console, human(json_out), report,
                                    state_dir=state_dir or default_state_dir(sc.name), fresh=fresh,
                                    keep_state=keep_state, dashboard=(dashboard_host, dashboard_port) if dashboard else None)
     if json_out:
         name = sc.policy.training + (f"+{sc.policy.harvest}" if sc.services and sc.policy.harvest else "")
-        emit_json(json_out, _document("local", [{**run_entry(sc.name, sc.seed, name, metrics), "failures": failed}]))
+        emit_json(json_out, _document("local", [{**run_entry(sc.name, sc.seed, name, metrics), **extra}]))
 
 
 @app.command()

@@ -3,6 +3,7 @@ shape, what NEARCHUS diagnosed, and each service's per-window p99 against its SL
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import Counter
@@ -41,6 +42,46 @@ def phases(rounds: Any, job: str) -> list[dict[str, Any]]:
     return out
 
 
+MOVES = ("PlaceReplica", "MigrateReplica", "EvictReplica")
+
+
+def placements(rounds: Sequence[Any], around: int = 2) -> list[dict[str, Any]]:
+    """Training speed around every round that placed, moved or evicted a replica: per job,
+    the mean of its last ``around`` measured speeds before the round and of its first
+    ``around`` after it (``change_pct``: after vs before). ``noise_pct`` is the standard deviation
+    such a change has without a cause: that of a difference of two means of ``around`` rounds,
+    from the spread of the job's speeds in its shape (the first round after a reshape left
+    out). A job whose shape changed in between (NEARCHUS reshaped it) is marked ``reshaped``:
+    its change is not the replica's."""
+    out = []
+    for i, r in enumerate(rounds):
+        moves = [d for d in r.decisions if d.split(" ", 1)[0] in MOVES]
+        if not moves:
+            continue
+        jobs = {}
+        for job in sorted({j for q in rounds for j in q.speeds}):
+            before = [(q.speeds[job], q.shapes.get(job)) for q in rounds[:i] if job in q.speeds][-around:]
+            after = [(q.speeds[job], q.shapes.get(job)) for q in rounds[i + 1:] if job in q.speeds][:around]
+            if not before or not after:
+                continue
+            b = statistics.fmean(s for s, _ in before)
+            a = statistics.fmean(s for s, _ in after)
+            same = [q.speeds[job] for q in rounds if job in q.speeds and q.shapes.get(job) == before[-1][1]][1:]
+            noise = (100.0 * statistics.stdev(same) / statistics.fmean(same) * math.sqrt(2.0 / around)
+                     if len(same) > 2 else None)
+            jobs[job] = {"before": b, "after": a, "change_pct": 100.0 * (a / b - 1.0) if b > 0 else None,
+                         "noise_pct": noise, "reshaped": len({sh for _, sh in before + after}) > 1}
+        out.append({"t_s": round(r.t, 3), "moves": [d.split(" ", 1)[0] for d in moves], "jobs": jobs})
+    return out
+
+
+def worst_change(places: Sequence[dict[str, Any]]) -> float | None:
+    """The largest drop (most negative ``change_pct``) of a job whose shape did not change."""
+    vals = [j["change_pct"] for p in places for j in p["jobs"].values()
+            if not j["reshaped"] and j["change_pct"] is not None]
+    return min(vals) if vals else None
+
+
 def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
     """Flat metrics of a real run (``name:subject`` keys, the unit as suffix; :func:`label` names them)."""
     res = run.result
@@ -53,6 +94,9 @@ def summarize(run: Any, slo_ms: dict[str, float]) -> dict[str, float]:
         m[f"jct_s:{job}"] = jct
     if run.result.restarts_s:
         m["restart_s_mean"] = statistics.fmean(run.result.restarts_s)
+    worst = worst_change(placements(res.rounds, around=3))
+    if worst is not None:
+        m["speed_change_at_replica_move_min_pct"] = worst
     for sid, windows in run.services.items():
         # every window with traffic is judged: one with errors, or with no success at all, is missed
         judged = [w for w in windows if w["ok"] + w["errors"] > 0]
@@ -83,7 +127,7 @@ LABELS = {"wall_s": "wall time (s)", "unfinished_jobs": "jobs unfinished", "fail
           "actuation_errors": "actuation errors (reconciled)", "replica_failures": "replica failures (replaced)",
           "restart_s_mean": "mean restart after a reshape (s)", "jct_s": "JCT of {} (s)",
           "slo_attainment_pct": "{}: SLO met (% of windows)", "windows_missed": "{}: windows missing the SLO",
-          "errors": "{}: failed requests", "p99_ms": "{}: p99 latency over the run (ms)"}
+          "errors": "{}: failed requests", "speed_change_at_replica_move_min_pct": "training speed after a replica move, worst (%)", "p99_ms": "{}: p99 latency over the run (ms)"}
 
 
 def label(key: str) -> str:
