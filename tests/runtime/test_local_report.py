@@ -44,3 +44,18 @@ def test_speed_around_a_replica_move_compares_the_rounds_before_and_after_it():
     assert got[1]["jobs"]["j"]["reshaped"]  # the job got a PS in between: not the replica's doing
     assert worst_change(got) == first["change_pct"]
     assert worst_change(placements(rounds[:3], around=2)) is None  # nothing measured after the move
+
+
+def test_a_round_line_shows_where_the_replicas_are():
+    import io
+
+    from rich.console import Console
+
+    from reamer.cli.local import print_round
+    from reamer.runtime.rounds import RoundRecord
+
+    buf = io.StringIO()
+    rec = RoundRecord(t=3.0, speeds={}, bottlenecks={}, shapes={}, decisions=[],
+                      inference={"vgg": {"p99_ms": 80.0, "replicas": [("trainer", 0.5), ("ps-b", 1.0)]}})
+    print_round(Console(file=buf, width=200), rec)
+    assert "[trainer:0.5 ps-b:1]" in buf.getvalue()

@@ -162,3 +162,15 @@ def test_per_node_cpu_stack_adds_up_to_each_node_and_to_the_total(tmp_path):
     assert [b.label for b in menu] == ["all GPU nodes", *nodes]
     assert sum(menu[1].args[0]["visible"]) == len(NODE_LAYERS)  # one node's four layers
     assert any("SLO resnet" in (a.text or "") for a in lat.layout.annotations)
+
+
+def test_need_scale_multiplies_every_gpu_jobs_input_cost(tmp_path):
+    """One ResNet-50 worker, 10 cores, 1 GPU, behind a 10 GbE PS link: about 124 samples/s, so
+    its pipeline (8.6 ms of CPU per image, the zoo's) keeps 1.07 cores busy per unit of scale."""
+    jobs = "j1,resnet50,0,1,1,1,10,1,3600\n"
+    runs = {k: simulate(scenario(tmp_path, jobs, peak=20, horizon=7200, need_scale=k), "static", harvest="reamer")
+            for k in (1.0, 2.0, 12.0)}
+    one, two, twelve = (runs[k] for k in (1.0, 2.0, 12.0))
+    assert two.metrics["cpu_util_pct"] > 1.5 * one.metrics["cpu_util_pct"]  # the pipeline's share doubles
+    assert two.jobs[0].speed == pytest.approx(one.jobs[0].speed, rel=1e-9)  # as fast: 2.1 of 10 cores
+    assert twelve.jobs[0].speed < 0.9 * one.jobs[0].speed  # 12.8 cores needed, 10 requested: input-bound

@@ -32,6 +32,11 @@ def _round_line(r: RoundRecord) -> str:
     return " | ".join(parts)
 
 
+def print_round(console: Console, r: RoundRecord) -> None:
+    """One round's line, as plain text (its replica lists are in brackets, not markup)."""
+    console.print(_round_line(r), highlight=False, markup=False)
+
+
 def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Console, report: Path, *,
              state_dir: Path | None = None, fresh: bool = False, keep_state: bool = False,
              dashboard: tuple[str, int] | None = None) -> tuple[dict[str, float], dict[str, list[dict]]]:
@@ -58,7 +63,7 @@ def run_real(sc: LocalScenario, profiles: Profiles, console: Console, out: Conso
                       f"{len(sc.jobs)} training job(s), {len(sc.services)} service(s); up to {sc.max_s:g} s)")
         try:
             run = run_scenario(sc, profiles,
-                               on_round=stream.hook(lambda r: console.print(_round_line(r), highlight=False)),
+                               on_round=stream.hook(lambda r: print_round(console, r)),
                                state_dir=state_dir, fresh=fresh, keep_state=keep_state)
         except RunLocked as e:
             raise InputError("reamer local", "machine", "no other real run on this machine", str(e)) from None

@@ -160,9 +160,15 @@ class InferenceSection(Strict):
     need_window_s: Pos = 1800.0  # ... the per-window measured use over this long
     # Time-varying training need: each GPU job's input-pipeline cost per sample is multiplied by
     # a mean-one log-normal AR(1) factor redrawn every window (stationary std-dev
-    # ``need_variation``, correlation ``need_corr``); 0 = constant (the zoo's cost).
-    need_variation: NonNeg = 0.0
+    # ``need_variation``, correlation ``need_corr``); 0 = constant (the zoo's cost); ``pai2020``:
+    # each job its own log-sd and correlation, drawn from those fitted to Alibaba PAI's
+    # mini-batch times (reamer.workloads.need).
+    need_variation: NonNeg | Literal["pai2020"] = 0.0
     need_corr: Annotated[float, Field(ge=0, lt=1)] = 0.9  # window-to-window correlation of that factor
+    # The level of training's need: every model's input-pipeline cost per sample × this;
+    # ``pai2020``: the scale at which 15.51 % of the run's GPU jobs need more CPU than they
+    # request (Alibaba PAI's share of tasks, cluster-trace-gpu-v2020; reamer.workloads.need).
+    need_scale: Pos | Literal["pai2020"] = 1.0
     # Interference coefficients: training slowdown per co-located inference core busy (share of
     # node cores), and inference latency inflation per unit of training CPU load (share of node
     # cores). Unset: the profile's (``reamer calibrate``'s interference part; 0 in the shipped one).

@@ -26,6 +26,7 @@ from reamer.models.training import Calibration
 from reamer.runtime.policies import harvest_policy, training_policy
 from reamer.runtime.rounds import RoundHook, record, thresholds_of
 from reamer.workloads import build_jobs, build_nodes
+from reamer.workloads.need import need_scale
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ def simulate(
     inf: SimInference | None = None
     hpolicy: HarvestPolicy | None = None
     if sc.inference is not None:
-        inf = SimInference(sc, cluster, np.random.default_rng(ss.spawn(1)[0]), profiles=prof.inference)
+        inf = SimInference(sc, cluster, np.random.default_rng(ss.spawn(1)[0]), profiles=prof.inference,
+                           need_scale=need_scale(sc.inference.need_scale, jobs, prof.models))
         hpolicy = harvest if harvest is not None and not isinstance(harvest, str) else harvest_policy(
             sc.policy, sc.source, prof.inference, sc.inference.interval_s, harvest)
         q.push(0.0, Ev.HARVEST)

@@ -32,9 +32,10 @@ once per window (``inference.interval_s``, default one minute). Model, per windo
   containers' CPU limits (``limits``); the limits are reported too (``training_limit``: training
   can never take back more than them — NEARCHUS's trimmed limits in the joint mode);
   ``training_used`` is the last window's measured use (what Koordinator-style reclaiming
-  reads). With ``need_variation`` > 0 every job's input-pipeline cost drifts (log-normal
-  AR(1), redrawn each window *after* the round decided), so a policy always acts on the
-  previous window's measurements.
+  reads). With ``need_variation`` every job's input-pipeline cost drifts (log-normal
+  AR(1), :mod:`reamer.workloads.need`; one process for all jobs, or ``pai2020``: each job its
+  own, fitted to PAI's mini-batch times), redrawn each window *after* the round decided, so a
+  policy always acts on the previous window's measurements.
 * **CPU contention** (:meth:`SimInference.update_contention`). On a training node with
   ``A = cores − system reserve``, training wants ``U`` cores (its use at uncontended speed,
   weight = its containers' CPU as cpu.shares) and the replicas, while they serve, their
@@ -81,6 +82,7 @@ from reamer.models.inference import (
     max_throughput_per_s,
     routing_weights,
 )
+from reamer.workloads.need import Ar1, NeedProcess, pai2020_variation
 from reamer.workloads.rates import diurnal_rates, read_genai_qps
 
 GIB = 1024.0
@@ -170,7 +172,8 @@ class SimInference:
     contention physics."""
 
     def __init__(self, sc: Scenario, cluster: SimCluster, rng: np.random.Generator,
-                 profiles: Mapping[str, InferenceProfile], noise_pct: float | None = None) -> None:
+                 profiles: Mapping[str, InferenceProfile], noise_pct: float | None = None,
+                 need_scale: float = 1.0) -> None:
         sec = sc.inference
         if sec is None:
             raise ValueError("scenario has no inference section")
@@ -198,7 +201,10 @@ class SimInference:
                                                      for s in sec.services], self.nodes, sec.pool.name)
         self.totals = InferenceTotals()
         self.use_hist: dict[str, deque[float]] = {n.name: deque() for n in self.train_nodes}
-        self.need_log: dict[str, float] = {}  # job id -> AR(1) state of its need variation
+        self.need_scale = need_scale  # on every job's input cost: the level of training's need
+        v = sec.need_variation  # each job's need factor per window (reamer.workloads.need)
+        self.need = (None if v == 0 else NeedProcess(rng, pai2020_variation() if v == "pai2020"
+                                                      else Ar1(float(v), sec.need_corr)))
         self.inference_slow: dict[str, float] = {}  # node -> service-time stretch from CPU contention
         self._busy_key: tuple | None = None  # (window, replicas) of the busy shares remembered
         self._busy: dict[str, float] = {}
@@ -268,23 +274,14 @@ class SimInference:
 
     # ------------------------------------------------------------------ need variation
     def vary_need(self, now: float) -> None:
-        """Redraw each running job's input-pipeline cost factor for the coming window."""
-        sec = self.sec
-        if sec.need_variation <= 0:
+        """Redraw each running job's input-pipeline cost factor for the coming window (× the
+        run's need scale)."""
+        if self.need is None and self.need_scale == 1.0:
             return
-        sd, rho = sec.need_variation, sec.need_corr
-        scales = {}
-        for jid in self.cluster.state.running:
-            e = self.need_log.get(jid)
-            if e is None:
-                e = float(self.rng.standard_normal()) * sd
-            else:
-                e = rho * e + float(self.rng.standard_normal()) * sd * math.sqrt(1.0 - rho * rho)
-            self.need_log[jid] = e
-            scales[jid] = math.exp(e - 0.5 * sd * sd)
-        for jid in [k for k in self.need_log if k not in scales]:
-            del self.need_log[jid]
-        self.cluster.set_input_scale(scales, now)
+        running = self.cluster.state.running
+        f = self.need.step(running) if self.need is not None else dict.fromkeys(running, 1.0)
+        k = self.need_scale
+        self.cluster.set_input_scale(f if k == 1.0 else {j: k * v for j, v in f.items()}, now)
 
     # ------------------------------------------------------------------ contention
     def _busy_shares(self, m: int) -> dict[str, float]:
