@@ -219,3 +219,20 @@ def test_cpu_growth_while_the_head_waits_only_for_a_gpu():
         grew = [d for d in flat if isinstance(d, Resize) and d.res.cpu > 2]
         assert bool(grew) is blocked
         assert not any(isinstance(d, AddContainer) for d in flat)
+
+
+def test_gpu_workers_short_of_cpu_are_input_bound_and_get_cpu():
+    """GPU busy 30 %, the workers' CPU 95 % used: the input pipeline starves the GPU. NEARCHUS
+    calls it ``input`` (a CPU worker as busy is ``compute``) and upscales the workers' CPU."""
+    a = TrainingJob("a", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0))
+    cs = [Container("a/ps0", "a", Role.PS, "g0", Resources(1, 1024)),
+          Container("a/worker1", "a", Role.WORKER, "g0", Resources(2, 1024, 1.0))]
+    snap = _cluster_snap(60.0, {a: cs}, (), {"a": 100.0}, gpu_util=0.3, cpu_util=0.95)
+    assert diagnose(snap.running[0], snap.telemetry["a"], 0.85, 0.8).bottleneck == "input"
+    cpu_only = snapshot(60, containers(workers=1), 100.0, w_util=0.95)
+    assert diagnose(cpu_only.running[0], cpu_only.telemetry["j"], 0.85, 0.8).bottleneck == "compute"
+    pol = Nearchus(NearchusConfig(trim_ps=False))
+    flat = []
+    for k in range(1, 4):
+        flat += pol.decide(_cluster_snap(60.0 * k, {a: cs}, (), {"a": 100.0}, gpu_util=0.3, cpu_util=0.95))
+    assert any(isinstance(d, Resize) and d.container == "a/worker1" and d.res.cpu > 2 for d in flat)

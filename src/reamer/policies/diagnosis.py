@@ -3,8 +3,10 @@
 A job is *network*-bound when a PS link runs near capacity and is the narrower side of the
 step's transfer (more PS shards help), *worker-network*-bound when a worker link is at least
 as busy (more PS would not help: with one worker, PS and worker links carry the same bytes), *gpu*-bound when its
-workers' GPUs are busy most of the time, *compute*-bound when its workers use most of their
-CPU limit, *ps*-bound when its PS containers do, and *none* when nothing is saturated.
+workers' GPUs are busy most of the time, *input*-bound when its GPU workers' GPUs are not but
+their CPUs are (the input pipeline cannot feed the GPU), *compute*-bound when its CPU workers
+use most of their CPU limit, *ps*-bound when its PS containers do, and *none* when nothing is
+saturated.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ DEFAULT_THRESHOLDS = Thresholds()
 
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
-    bottleneck: str  # "network" | "worker_network" | "gpu" | "compute" | "ps" | "none"
+    bottleneck: str  # "network" | "worker_network" | "gpu" | "input" | "compute" | "ps" | "none"
     worker_cpu_util: float  # mean used/limit of workers
     worker_throttled: float  # mean share of CFS periods throttled, workers
     gpu_util: float  # mean GPU busy share of GPU workers
@@ -77,7 +79,7 @@ def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float, si
     elif gu >= cpu_sat:
         b = "gpu"
     elif wu >= cpu_sat and wu >= pu:
-        b = "compute"
+        b = "input" if gpu else "compute"  # GPU workers short of CPU: their input pipeline starves the GPU
     elif pu >= cpu_sat:
         b = "ps"
     else:

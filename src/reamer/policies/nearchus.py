@@ -295,7 +295,7 @@ class Nearchus:
             return []
         if d.bottleneck == "ps":
             return ([Action.UP_PS] if vertical_ok else []) + ([Action.ADD_PS] if out else []) + [Action.UP_PS]
-        if d.bottleneck == "compute":
+        if d.bottleneck in ("compute", "input"):  # input: more CPU feeds its GPUs; a worker brings a GPU and CPU
             return (([Action.UP_WORKERS] if vertical_ok else []) + ([Action.ADD_WORKER] if out else [])
                     + [Action.UP_WORKERS])
         trim = [Action.TRIM] if self._trimmable(d) else []
