@@ -46,7 +46,7 @@ class GrowAt:
         return out
 
 
-def _run(at: float, monkeypatch) -> tuple[dict, list, list]:
+def _run(at: float, monkeypatch, sc=SC) -> tuple[dict, list, list]:
     log: list[tuple[float, str, tuple]] = []
     for cls, side in ((SimCluster, "training"), (SimInference, "inference")):
         real = cls.actuate
@@ -58,7 +58,7 @@ def _run(at: float, monkeypatch) -> tuple[dict, list, list]:
 
         monkeypatch.setattr(cls, "actuate", actuate)
     rounds: list = []
-    r = simulate(SC, GrowAt(at, 14.0), jobs=JOBS, harvest="reamer", on_round=rounds.append)
+    r = simulate(sc, GrowAt(at, 14.0), jobs=JOBS, harvest="reamer", on_round=rounds.append)
     return r.metrics, log, rounds
 
 
@@ -101,3 +101,14 @@ def test_the_joint_round_counts_the_growth_in_what_the_harvest_policy_sees():
     simulate(SC, GrowAt(120.0, 12.0), jobs=JOBS, harvest=Spy())
     limits = dict(seen)
     assert limits[60.0] == pytest.approx(5.0) and limits[120.0] == pytest.approx(13.0)
+
+
+def test_without_coordination_the_growth_at_a_window_finds_the_replica_still_there(monkeypatch):
+    """``coordination: none``: at 120 s the harvest round decides on what it measured before the
+    growth, so the replica stays and training runs contended until the next window."""
+    alone = SC.model_copy(update={"inference": SC.inference.model_copy(update={"coordination": "none"})})
+    m, log, _ = _run(120.0, monkeypatch, alone)
+    at = [e for e in log if e[0] == 120.0]
+    assert at == [(120.0, "training", ("Resize",))]
+    assert (180.0, "inference", ("MigrateReplica",)) in log
+    assert m["training_slowdown_pct"] > 0.1

@@ -169,6 +169,12 @@ class InferenceSection(Strict):
     # ``pai2020``: the scale at which 15.51 % of the run's GPU jobs need more CPU than they
     # request (Alibaba PAI's share of tasks, cluster-trace-gpu-v2020; reamer.workloads.need).
     need_scale: Pos | Literal["pai2020"] = 1.0
+    # ``joint``: each SLO window's round is the joint loop (training decides, inference moves
+    # first, training then takes its cores; the harvester caps training's need by its CPU
+    # limits). ``none``: the two loops run on their own, each on the state it measured (the
+    # harvest round, then training's: the harvester learns of a growth at its next window), and
+    # the harvester sees training only through its measured use (no limits).
+    coordination: Literal["joint", "none"] = "joint"
     # Interference coefficients: training slowdown per co-located inference core busy (share of
     # node cores), and inference latency inflation per unit of training CPU load (share of node
     # cores). Unset: the profile's (``reamer calibrate``'s interference part; 0 in the shipped one).

@@ -2,7 +2,9 @@
 batch of events at one instant (and each control interval) runs one control round —
 :func:`reamer.control.control_round`, or, when an SLO window of the inference services
 starts then, :func:`reamer.control.joint_round`: training decides, inference moves first,
-then training takes its cores, exactly as a real run's every round.
+then training takes its cores, exactly as a real run's every round (``inference.coordination:
+none``: the two loops on their own, each deciding on the state it measured — the harvest
+round, then training's — so the harvester learns of a growth only at its next window).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from reamer.backends.sim.cluster import SimCluster
 from reamer.backends.sim.engine import Ev, EventQueue
 from reamer.backends.sim.inference import SimInference
 from reamer.config.scenario import Scenario
-from reamer.control import HarvestPolicy, Policy, Round, control_round, joint_round
+from reamer.control import HarvestPolicy, Policy, Round, control_round, harvest_round, joint_round
 from reamer.domain import JobState, TrainingJob
 from reamer.models.profiles import Interference, Profiles, shipped_profiles
 from reamer.models.training import Calibration
@@ -164,8 +166,12 @@ def simulate(
         if not (run_round or window):
             continue
         hrnd: Round | None = None
-        if window and inf is not None and hpolicy is not None:  # inference moves before training takes cores
-            rnd, hrnd = joint_round(cluster, policy, inf, hpolicy, now)
+        if window and inf is not None and hpolicy is not None and inf.sec.coordination == "joint":
+            rnd, hrnd = joint_round(cluster, policy, inf, hpolicy, now)  # inference moves before training takes cores
+            harvest_rounds += 1
+        elif window and inf is not None and hpolicy is not None:  # each loop on its own, on what it measured
+            hrnd = harvest_round(inf, hpolicy, now)  # before training's decisions of this instant
+            rnd = control_round(cluster, policy, now)
             harvest_rounds += 1
         else:
             rnd = control_round(cluster, policy, now)

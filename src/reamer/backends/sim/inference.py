@@ -64,7 +64,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -250,7 +250,8 @@ class SimInference:
                 hist.popleft()
             need = None if sec.training_need == "limits" else max(hist[-1], float(np.percentile(np.asarray(hist),
                                                                                                   sec.need_percentile)))
-            usage[n.name] = self.replicas.node_usage(n, now, reserve=sec.system_reserve_cores, need=need, used=used)
+            u = self.replicas.node_usage(n, now, reserve=sec.system_reserve_cores, need=need, used=used)
+            usage[n.name] = u if sec.coordination == "joint" else replace(u, training_limit=None)
         m = self.window(now)
         first = {sid: float(r[min(m, len(r) - 1)]) for sid, r in self.rates.items()}  # before any window: the true rate
         return self.replicas.snapshot(now, usage, first)
