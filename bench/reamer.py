@@ -18,18 +18,25 @@ path, so GPU nodes get a ``--nic-gbps`` (default 100, a lower bound of in-host b
 DGX-1-class servers carry 4 × 100 Gb/s) NIC. Inference: five services (ResNet-50,
 MobileNet-v2, BERT-base, VGG-16, DeepSpeech2-style) on seeded diurnal rates whose peak needs,
 as sized by the policies, ``peak_load`` × the GPU-node cores left unrequested at 70 % packing
-(the same seed), split evenly. A dedicated CPU pool takes what is not harvested. Training need
-drifts: every job's input-pipeline cost per sample is scaled each minute by a log-normal AR(1)
-factor (``--need-variation``, default 0.3, corr 0.9; an assumption: a real pipeline's need is
-measured by ``bench/experiments/gpu_input_pipeline.py``), so policies face a need that moves
-between their measurements. CPU contention on a node is split by cpu.shares
-(:func:`reamer.backends.sim.inference.cfs_split`): both training and inference can slow.
+(the same seed), split evenly. A dedicated CPU pool takes what is not harvested. Training's
+CPU need is data-driven (docs/design.md#trainings-cpu-need): its level ``--need-scale``
+(default ``pai2020``: every model's input cost scaled so that 15.51 % of the GPU jobs need more
+CPU than they request, Alibaba PAI's share) and its variation ``--need-variation`` (default
+``pai2020``: each job its own log-normal AR(1), fitted to PAI's mini-batch times), redrawn
+each minute, so policies face a need that moves between their measurements. CPU contention on
+a node is split by cpu.shares (:func:`reamer.backends.sim.inference.cfs_split`): both training
+and inference can slow.
 
-Policies (training + harvesting): ``dedicated``, ``naive``, ``usage-reclaim``, ``reamer`` on
-``static`` training, and ``nearchus+reamer`` (NEARCHUS allocates training's CPU; Reamer's slack
-uses the measured need — p95 use — capped by NEARCHUS's trimmed limits). Metrics per run: the co-location keys of
-:mod:`reamer.backends.sim.inference` plus the realised ``gpu_alloc_pct``. Ratios: per policy,
-min and max over all runs of SLO attainment, training slowdown and harvested share.
+Policies (training + harvesting): ``dedicated``, ``naive``, ``usage-reclaim`` and
+``static+reamer`` on ``static`` training; ``nearchus+reamer`` (the joint loop: NEARCHUS
+allocates training's CPU and inference moves first; Reamer's slack uses the measured need —
+p95 use — capped by NEARCHUS's limits) and ``nearchus+reamer-uncoordinated`` (the two loops
+on their own, the harvester seeing training only through its measured use). Metrics per run:
+the co-location keys of :mod:`reamer.backends.sim.inference`, the realised ``gpu_alloc_pct``,
+``training_samples`` (trained by the jobs that ended within the horizon) and
+``training_speedup_vs_static_ratio`` (that ÷ ``static+reamer``'s, same seed, packing and
+load). Ratios: per policy, min and max over all runs of SLO attainment, training slowdown,
+harvested share and the speed-up.
 """
 
 from __future__ import annotations
@@ -71,13 +78,15 @@ SERVICES = [  # id, model, p99 SLO (ms)
     ("vgg16", "vgg16", 800.0),
     ("speech", "deepspeech2", 1500.0),
 ]
-POLICIES = {  # run name -> (training policy, harvesting policy, training need source)
-    "dedicated": ("static", "dedicated", "usage"),
-    "naive": ("static", "naive", "usage"),
-    "usage-reclaim": ("static", "usage-reclaim", "usage"),
-    "reamer": ("static", "reamer", "usage"),
-    "nearchus+reamer": ("nearchus", "reamer", "usage"),
+POLICIES = {  # run name -> (training policy, harvesting policy, coordination of the two loops)
+    "dedicated": ("static", "dedicated", "joint"),
+    "naive": ("static", "naive", "joint"),
+    "usage-reclaim": ("static", "usage-reclaim", "joint"),
+    "static+reamer": ("static", "reamer", "joint"),
+    "nearchus+reamer-uncoordinated": ("nearchus", "reamer", "none"),
+    "nearchus+reamer": ("nearchus", "reamer", "joint"),
 }
+BASELINE = "static+reamer"  # training_speedup_vs_static_ratio: samples trained ÷ this run's (same seed, packing, load)
 TRAIN_MODELS = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121", "bert_base", "vit_b16"]
 KEYS = ["slo_attainment_pct", "requests_within_slo_pct", "training_slowdown_pct", "harvested_share_pct",
         "harvested_core_hours", "dedicated_node_hours", "migrations", "evictions", "gpu_node_cpu_util_pct",
@@ -185,8 +194,8 @@ def peak_rate(model: str, slo_ms: float, cores: float) -> float:
     return lo
 
 
-def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, need: str,
-             variation: float, nic_gbps: float) -> Scenario:
+def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, coordination: str,
+             variation: float | str, scale: float | str, nic_gbps: float) -> Scenario:
     per = peak_cores / len(SERVICES)
     services = [{"id": sid, "model": m, "slo_p99_ms": slo, "peak_rate_per_s": max(0.01, peak_rate(m, slo, per)),
                  "rate": {"kind": "diurnal", "start_hour": 14.0 - horizon_s / 7200.0}} for sid, m, slo in SERVICES]
@@ -197,14 +206,15 @@ def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, ne
         "workload": {"kind": "synthetic", "jobs": 1},  # replaced by the packed pods
         "policy": {"options": {"static": {"placement": "pack"}, "nearchus": {"placement": "pack"}}},
         "inference": {"services": services, "pool": {"count": pool_count, "cores": 32},
-                      "system_reserve_cores": RESERVE, "training_need": need, "need_variation": variation},
+                      "system_reserve_cores": RESERVE, "coordination": coordination, "need_variation": variation,
+                      "need_scale": scale},
     }, "bench/reamer.py")
 
 
 def one(args) -> dict:
-    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation, nic = args
-    training, harvest, need = POLICIES[name]
-    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, need, variation, nic)
+    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation, scale, nic = args
+    training, harvest, coordination = POLICIES[name]
+    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, coordination, variation, scale, nic)
     pods = gpu_pods()
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pods))
@@ -214,8 +224,9 @@ def one(args) -> dict:
     m = {k: r.metrics[k] for k in KEYS}
     m["wall_s"] = r.metrics["wall_s"]
     m["training_jobs"] = float(len(jobs))
+    m["training_samples"] = sum(j.samples for j in r.jobs)  # of the jobs that ended within the horizon
     return run_entry(sc.name, seed, name, m, {"packing_pct": packing, "peak_load": load, "need_variation": variation,
-                                              "nic_gbps": nic})
+                                              "need_scale": scale, "nic_gbps": nic})
 
 
 _NODES: tuple[Path, float, float] = (Path(), 0.0, 0.0)
@@ -236,8 +247,12 @@ def main() -> int:
     ap.add_argument("--loads", type=float, nargs="+", default=[0.25, 0.5],
                     help="peak loads (× unrequested GPU-node cores at 70%% packing)")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite the Cloud Reamer table in docs/results.md")
-    ap.add_argument("--need-variation", type=float, default=0.3,
-                    help="log-sd of each job's per-window input-pipeline cost drift (assumption, not measured)")
+    ap.add_argument("--need-variation", type=_number_or_pai, default="pai2020",
+                    help="each job's per-window input-pipeline cost drift: a log-sd for every job, or pai2020 "
+                         "(each job its own, fitted to PAI's mini-batch times)")
+    ap.add_argument("--need-scale", type=_number_or_pai, default="pai2020",
+                    help="every model's input cost × this, or pai2020 (calibrated so that 15.51%% of the GPU jobs "
+                         "need more CPU than they request, PAI's share)")
     ap.add_argument("--nic-gbps", type=float, default=100.0,
                     help="GPU-node NIC (openb pods are single pods: their gradient traffic stays in the host; "
                          "100 Gb/s is a lower bound for that, DGX-1-class servers carry 4 x 100 Gb/s)")
@@ -260,13 +275,19 @@ def main() -> int:
             for load in a.loads:
                 for name in a.policies:
                     tasks.append((seed, packing, load, name, str(nodes[0]), horizon, load * unrequested,
-                                  a.need_variation, a.nic_gbps))
+                                  a.need_variation, a.need_scale, a.nic_gbps))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes,)) as ex:
         runs = list(ex.map(one, tasks))
+    speedups(runs)
     ratios: dict[str, float] = {}
     for name in a.policies:
         mine = [r["metrics"] for r in runs if r["policy"] == name]
+        sp = [m["training_speedup_vs_static_ratio"] for m in mine if m.get("training_speedup_vs_static_ratio") is not None]
+        if sp:
+            key = name.replace("+", "_").replace("-", "_")
+            ratios[f"{key}_training_speedup_vs_static_min_ratio"] = min(sp)
+            ratios[f"{key}_training_speedup_vs_static_max_ratio"] = max(sp)
         for k in ("slo_attainment_pct", "training_slowdown_pct", "harvested_share_pct"):
             vals = [m[k] for m in mine if m[k] is not None]
             if vals:
@@ -286,10 +307,30 @@ def main() -> int:
     return 0
 
 
+def _number_or_pai(text: str) -> float | str:
+    if text == "pai2020":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or pai2020, got {text!r}") from None
+
+
+def speedups(runs: list[dict]) -> None:
+    """Each run's ``training_speedup_vs_static_ratio``: the samples its training jobs trained ÷
+    those of the :data:`BASELINE` run of the same seed, packing and load (None without one)."""
+    base = {(r["seed"], r["params"]["packing_pct"], r["params"]["peak_load"]): r["metrics"]["training_samples"]
+            for r in runs if r["policy"] == BASELINE}
+    for r in runs:
+        b = base.get((r["seed"], r["params"]["packing_pct"], r["params"]["peak_load"]))
+        r["metrics"]["training_speedup_vs_static_ratio"] = r["metrics"]["training_samples"] / b if b else None
+
+
 def write_docs(runs: list[dict], seeds: list[int], quick: bool) -> None:
     cols = [("slo_attainment_pct", "SLO met % of service-minutes"), ("training_slowdown_pct", "training slowdown %"),
             ("harvested_share_pct", "harvested %"), ("harvested_core_hours", "harvested core-hours"),
-            ("dedicated_node_hours", "pool node-hours"), ("gpu_alloc_pct", "realised GPU alloc %")]
+            ("dedicated_node_hours", "pool node-hours"), ("gpu_alloc_pct", "realised GPU alloc %"),
+            ("training_speedup_vs_static_ratio", "training speed-up vs static+reamer")]
     lines = ["## Cloud Reamer", "",
              f"Seeds {', '.join(map(str, seeds))}, min–max over seeds; {'--quick: 12 GPU nodes, 6 h' if quick else '24 GPU nodes, 12 h'}."
              " Regenerate: `python bench/reamer.py --json bench-reamer.json" + (" --quick" if quick else "")

@@ -1,0 +1,48 @@
+"""bench/reamer.py's speed-up against static+reamer, and its need options. (The bench itself
+simulates for minutes; its output is cited in docs/results.md.)"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "reamer.py"
+
+
+def _bench():
+    sys.path.insert(0, str(BENCH.parent))  # its sibling _common
+    try:
+        spec = importlib.util.spec_from_file_location("reamer_bench", BENCH)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    return mod
+
+
+def _run(policy, seed, samples, packing=70, load=0.5):
+    return {"policy": policy, "seed": seed, "params": {"packing_pct": packing, "peak_load": load},
+            "metrics": {"training_samples": samples}}
+
+
+def test_speedup_is_against_static_reamer_of_the_same_seed_packing_and_load():
+    b = _bench()
+    runs = [_run("static+reamer", 1, 100.0), _run("nearchus+reamer", 1, 130.0), _run("naive", 1, 90.0),
+            _run("static+reamer", 2, 200.0), _run("nearchus+reamer", 2, 180.0),
+            _run("nearchus+reamer", 1, 50.0, packing=85)]  # no baseline at 85 %
+    b.speedups(runs)
+    got = [r["metrics"]["training_speedup_vs_static_ratio"] for r in runs]
+    assert got == [1.0, 1.3, 0.9, 1.0, 0.9, None]
+
+
+def test_the_need_options_take_a_number_or_pai2020():
+    b = _bench()
+    assert b._number_or_pai("pai2020") == "pai2020" and b._number_or_pai("0.3") == 0.3
+    with pytest.raises(argparse.ArgumentTypeError):
+        b._number_or_pai("lots")
+    assert set(b.POLICIES) >= {"static+reamer", "nearchus+reamer-uncoordinated", "nearchus+reamer"}
+    assert b.POLICIES["nearchus+reamer-uncoordinated"][2] == "none" and b.POLICIES["nearchus+reamer"][2] == "joint"
