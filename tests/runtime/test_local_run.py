@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -161,7 +162,6 @@ def test_a_process_killed_mid_run_restarts_the_job_from_its_checkpoint_and_the_j
                     return
             time.sleep(0.5)
 
-    import threading
 
     start = time.monotonic()
     threading.Thread(target=killer, daemon=True).start()
@@ -188,40 +188,46 @@ def test_a_replica_killed_or_stopped_mid_run_leaves_routing_and_is_replaced(faul
           "jobs": [{"id": "j", "model": "small_cnn", "samples": 64, "batch": 32, "ps": 1, "workers": 1,
                     "ps_cores": 0.25, "worker_cores": 0.25}],
           "services": [{"id": "vgg", "model": "vgg_cifar", "slo_p99_ms": 250, "window_s": 5,
-                        "rates": [10, 10, 10, 10, 10, 10, 10, 10]}],
+                        "rates": [10] * 12}],  # a minute: room for a slow start and a replacement's start
           "policy": {"training": "static", "harvest": "reamer", "interval_s": 2,
                      "options": {"reamer": {"core_options": [0.5, 0.75, 1.0], "min_cores": 0.25, "core_step": 0.25,
                                             "stable_s": 0, "stale_s": 10}}}}
     killed: list[int] = []
 
+    serving = threading.Event()  # set after the first round that saw a measured window
+
+    def on_round(rec) -> None:
+        if rec.inference.get("vgg", {}).get("p99_ms") is not None:
+            serving.set()
+
     def killer() -> None:
+        # the fault comes once the replica serves and the load runs (not at a wall-clock offset:
+        # a loaded machine may still be starting the replica then)
+        if not serving.wait(90):
+            return
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not killed:
-            if time.monotonic() > start + 15:
-                servers = []
-                for pid in _workload_pids():
-                    try:
-                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    except OSError:
-                        continue
-                    if b"inference_server" in cmd:
-                        servers.append(pid)
-                if len(servers) == 1:  # the only replica (not one a move is starting or retiring)
-                    pid = servers[0]
-                    os.kill(pid, fault)
-                    killed.append(pid)
-                    if fault == signal.SIGSTOP:
-                        time.sleep(10)
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGCONT)
-                    return
+            servers = []
+            for pid in _workload_pids():
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"inference_server" in cmd:
+                    servers.append(pid)
+            if len(servers) == 1:  # the only replica (not one a move is starting or retiring)
+                pid = servers[0]
+                os.kill(pid, fault)
+                killed.append(pid)
+                if fault == signal.SIGSTOP:
+                    time.sleep(10)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                return
             time.sleep(0.2)
 
-    import threading
-
-    start = time.monotonic()
     threading.Thread(target=killer, daemon=True).start()
-    run = run_scenario(parse_local(sc, "test"), load_profiles(None))
+    run = run_scenario(parse_local(sc, "test"), load_profiles(None), on_round=on_round)
     assert killed, "the replica was never killed"
     res = run.result
     assert [f[2] for f in res.replica_failures] == [why], res.replica_failures

@@ -258,6 +258,9 @@ def test_a_window_of_failures_reports_them_at_the_timeout():
     busy = [w for w in windows if w["errors"]]
     assert busy and all(w["p99_ms"] is None and w["p99_with_failures_ms"] == 2000.0 for w in busy)
     assert all(w["shed"] == w["errors"] for w in windows)
+    # every request is in a window, the last ones (after the last full window) too, all before the report
+    assert sum(w["errors"] for w in windows) == r["sent"]
+    assert [w["window"] for w in windows] == list(range(1, len(windows) + 1))
     # the deadline left since each scheduled arrival
     assert len(_Fail.deadlines) == r["sent"] and all(0.0 <= d <= 250.0 for d in _Fail.deadlines)
 

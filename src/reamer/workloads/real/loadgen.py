@@ -235,22 +235,29 @@ def run_load(
 
     def reporter() -> None:
         k = 0
-        while not finished.wait(max(0.0, t0 + (k + 1) * window_s - time.perf_counter())):
+        while True:
+            last = finished.wait(max(0.0, t0 + (k + 1) * window_s - time.perf_counter()))
             k += 1
             with lock:
                 lat_w, err_w, shed_w = sorted(win_lat), win_err[0], win_shed[0]
                 win_lat.clear()
                 win_err[0] = win_shed[0] = 0
+            if last and not (lat_w or err_w or shed_w):
+                return  # the run ended on a window's end: nothing is left to report
             ms = lambda v: None if v is None else round(v * 1e3, 3)  # noqa: E731
             # what a client saw: a failed request counts at the timeout (it got no answer in time)
             seen_w = sorted(lat_w + [timeout_s] * err_w)
             on_window({"event": "window", "window": k, "t_end_s": round(k * window_s, 3), "ok": len(lat_w),
                        "errors": err_w, "shed": shed_w, "p50_ms": ms(percentile(lat_w, 50)), "p99_ms": ms(percentile(lat_w, 99)),
                        "p99_with_failures_ms": ms(percentile(seen_w, 99))})
+            if last:
+                return  # the requests completed since the last full window, as a last (shorter) one
 
     t0 = time.perf_counter()
+    windows = None
     if window_s > 0 and on_window is not None:
-        threading.Thread(target=reporter, daemon=True, name="loadgen-windows").start()
+        windows = threading.Thread(target=reporter, daemon=True, name="loadgen-windows")
+        windows.start()
 
     def sender() -> None:
         while True:
@@ -277,6 +284,8 @@ def run_load(
         for th in pool:
             th.join(timeout=timeout_s + 5.0)
         finished.set()
+        if windows is not None:
+            windows.join()  # every window is out before the report
     window = max(duration_s if max_requests is None or len(arrivals) < max_requests else arrivals[-1], 1e-9)
     wall = max(time.perf_counter() - t0, 1e-9)
     lat = sorted(latencies)
