@@ -30,7 +30,8 @@ offered and achieved rate (successes over wall time), latency p50 / p95 / p99 / 
 in milliseconds of the successful requests, and ``outside_server_ms`` (p50 / p99 of the
 time outside the server, where it sends ``Server-Timing``). A window line (``--window-s``) has the same
 ``errors`` and ``shed`` counts, and ``p99_with_failures_ms``: the p99 with every failed
-request counted at the timeout (what a client saw).
+request counted at the timeout (what a client saw). The requests completed after the last
+full window come in one last, shorter window, before the report: the windows add up to it.
 """
 
 from __future__ import annotations
