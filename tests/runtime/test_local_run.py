@@ -162,7 +162,6 @@ def test_a_process_killed_mid_run_restarts_the_job_from_its_checkpoint_and_the_j
                     return
             time.sleep(0.5)
 
-
     start = time.monotonic()
     threading.Thread(target=killer, daemon=True).start()
     run = run_scenario(parse_local(sc, "test"), load_profiles(None))
