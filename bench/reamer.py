@@ -23,9 +23,12 @@ CPU need is data-driven (docs/design.md#trainings-cpu-need): its level ``--need-
 (default ``pai2020``: every model's input cost scaled so that 15.51 % of the GPU jobs need more
 CPU than they request, Alibaba PAI's share) and its variation ``--need-variation`` (default
 ``pai2020``: each job its own log-normal AR(1), fitted to PAI's mini-batch times), redrawn
-each minute, so policies face a need that moves between their measurements. CPU contention on
-a node is split by cpu.shares (:func:`reamer.backends.sim.inference.cfs_split`): both training
-and inference can slow.
+each minute, so policies face a need that moves between their measurements. Training pods
+are Burstable (``--training-qos``, default ``burstable``: cpu.shares = the request, no CPU
+limit), so a GPU worker whose input pipeline needs more than its request runs on its node's idle
+cores — the cores a harvester that counts requests takes. CPU contention on a node is split by
+cpu.shares (:func:`reamer.backends.sim.inference.cfs_split`): both training and inference can
+slow.
 
 Policies (training + harvesting): ``dedicated``, ``naive``, ``usage-reclaim`` and
 ``static+reamer`` on ``static`` training; ``nearchus+reamer`` (the joint loop: NEARCHUS
@@ -195,7 +198,7 @@ def peak_rate(model: str, slo_ms: float, cores: float) -> float:
 
 
 def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, coordination: str,
-             variation: float | str, scale: float | str, nic_gbps: float) -> Scenario:
+             variation: float | str, scale: float | str, nic_gbps: float, qos: str) -> Scenario:
     per = peak_cores / len(SERVICES)
     services = [{"id": sid, "model": m, "slo_p99_ms": slo, "peak_rate_per_s": max(0.01, peak_rate(m, slo, per)),
                  "rate": {"kind": "diurnal", "start_hour": 14.0 - horizon_s / 7200.0}} for sid, m, slo in SERVICES]
@@ -207,14 +210,14 @@ def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, co
         "policy": {"options": {"static": {"placement": "pack"}, "nearchus": {"placement": "pack"}}},
         "inference": {"services": services, "pool": {"count": pool_count, "cores": 32},
                       "system_reserve_cores": RESERVE, "coordination": coordination, "need_variation": variation,
-                      "need_scale": scale},
+                      "need_scale": scale, "training_qos": qos},
     }, "bench/reamer.py")
 
 
 def one(args) -> dict:
-    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation, scale, nic = args
+    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation, scale, nic, qos = args
     training, harvest, coordination = POLICIES[name]
-    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, coordination, variation, scale, nic)
+    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, coordination, variation, scale, nic, qos)
     pods = gpu_pods()
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pods))
@@ -226,7 +229,7 @@ def one(args) -> dict:
     m["training_jobs"] = float(len(jobs))
     m["training_samples"] = sum(j.samples for j in r.jobs)  # of the jobs that ended within the horizon
     return run_entry(sc.name, seed, name, m, {"packing_pct": packing, "peak_load": load, "need_variation": variation,
-                                              "need_scale": scale, "nic_gbps": nic})
+                                              "need_scale": scale, "nic_gbps": nic, "training_qos": qos})
 
 
 _NODES: tuple[Path, float, float] = (Path(), 0.0, 0.0)
@@ -256,6 +259,9 @@ def main() -> int:
     ap.add_argument("--nic-gbps", type=float, default=100.0,
                     help="GPU-node NIC (openb pods are single pods: their gradient traffic stays in the host; "
                          "100 Gb/s is a lower bound for that, DGX-1-class servers carry 4 x 100 Gb/s)")
+    ap.add_argument("--training-qos", choices=("burstable", "guaranteed"), default="burstable",
+                    help="training pods' CPU QoS: burstable (no CPU limit: an input-bound GPU worker runs on its "
+                         "node's idle cores) or guaranteed (limit = request)")
     a = ap.parse_args()
     if not (OPENB_NODES.is_file() and OPENB_PODS.is_file()):
         print(f"needs the openb data in {OPENB_NODES.parent}", file=sys.stderr)
@@ -275,7 +281,7 @@ def main() -> int:
             for load in a.loads:
                 for name in a.policies:
                     tasks.append((seed, packing, load, name, str(nodes[0]), horizon, load * unrequested,
-                                  a.need_variation, a.need_scale, a.nic_gbps))
+                                  a.need_variation, a.need_scale, a.nic_gbps, a.training_qos))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes,)) as ex:
         runs = list(ex.map(one, tasks))

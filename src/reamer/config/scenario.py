@@ -169,6 +169,12 @@ class InferenceSection(Strict):
     # ``pai2020``: the scale at which 15.51 % of the run's GPU jobs need more CPU than they
     # request (Alibaba PAI's share of tasks, cluster-trace-gpu-v2020; reamer.workloads.need).
     need_scale: Pos | Literal["pai2020"] = 1.0
+    # The training pods' CPU QoS. ``guaranteed``: a container's CPU limit is its request.
+    # ``burstable``: no limit (cpu.shares = the request): a GPU worker whose input pipeline is
+    # short of CPU at its request runs on the cores its node leaves idle, up to what keeps its
+    # GPU fed, so co-located inference takes from training what it holds of them (the
+    # harvester's cap at the training limits is then off: training can take more).
+    training_qos: Literal["guaranteed", "burstable"] = "guaranteed"
     # ``joint``: each SLO window's round is the joint loop (training decides, inference moves
     # first, training then takes its cores; the harvester caps training's need by its CPU
     # limits). ``none``: the two loops run on their own, each on the state it measured (the

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 STEP_MEMO = 65_536  # steps remembered (_step) before the memo starts over
 NOISES_PER_CONTAINER = 4  # telemetry noise factors per container: CPU use, throttling, network, GPU
+BURST_GRID = 0.05  # burstable training: a worker's cores above its request, rounded down to this
 REFRESH_PASSES = 4  # rounds of re-timing the jobs on nodes whose flows a re-timed job moved
 # a node's jobs are re-timed when its bandwidth factor moved by more than this share since they
 # were last timed (or came back to exactly 1: flows as requested), well inside telemetry noise
@@ -115,9 +116,12 @@ class _Readings(Mapping[str, ContainerTelemetry]):
 
 
 def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Container, ...], caps: list[float],
-                         noise: Sequence[float], k: int) -> dict[str, ContainerTelemetry]:
+                         noise: Sequence[float], k: int, cores: Sequence[float] | None = None,
+                         ) -> dict[str, ContainerTelemetry]:
     """Each container's readings: its role's share of the step (busy, throttled, traffic),
-    scaled by its own four noise factors from ``noise[k:]``; ``caps``: its link's capacity."""
+    scaled by its own four noise factors from ``noise[k:]``; ``caps``: its link's capacity;
+    ``cores``: the cores it runs on (None: its CPU limits; more where burstable training
+    bursts)."""
     bits = 8.0 * prof.param_bytes
     n_w = sum(1 for c in containers if c.role is Role.WORKER)
     n_ps = len(containers) - n_w
@@ -131,10 +135,11 @@ def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Contain
     w_traffic = 2.0 * bits / t / 1e9
     ps_traffic = 2.0 * n_w * bits / max(1, n_ps) / t / 1e9
     out = {}
-    for c, cap in zip(containers, caps, strict=True):
+    for i, (c, cap) in enumerate(zip(containers, caps, strict=True)):
         a, b, n, g = noise[k], noise[k + 1], noise[k + 2], noise[k + 3]
         k += NOISES_PER_CONTAINER
         res = c.res
+        on = res.cpu if cores is None else cores[i]
         if c.role is Role.WORKER:
             gpu = res.gpu > 0
             busy, throttled = (g_busy, g_throttled) if gpu else (w_busy, w_throttled)
@@ -144,7 +149,7 @@ def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Contain
             busy = throttled = st.ps_busy
             traffic = ps_traffic
         out[c.id] = ContainerTelemetry(
-            cpu_used=res.cpu * busy * a,
+            cpu_used=on * busy * a,
             cpu_limit=res.cpu,
             throttled_ratio=min(1.0, throttled * b),
             net_gbps=traffic * n,
@@ -192,6 +197,13 @@ class SimCluster:
         # job id -> factor on its model's CPU input-pipeline cost (time-varying training need;
         # set by backends.sim.inference; empty = the zoo's constant cost)
         self.input_scale: dict[str, float] = {}
+        # burstable training (``inference.training_qos: burstable``, set by
+        # backends.sim.inference): a GPU worker's input pipeline, short of CPU at its request,
+        # runs on more — out of the cores its node's other training containers leave
+        # (node cores − ``burst_reserve``), shared by cpu.shares (:meth:`_burst_node`)
+        self.burstable = False
+        self.burst_reserve = 0.0
+        self.burst: dict[str, float] = {}  # container id -> cores it runs on above its request
         # node -> [Σ of its containers' concurrent flows now, Σ as requested] (_bw), kept up to
         # date as containers come and go and steps change
         self._flows: dict[str, list[float]] = {n.name: [0.0, 0.0] for n in self.nodes}
@@ -261,7 +273,9 @@ class SimCluster:
             speed = (j.done - j.tel_done) / (now - since) * noise[k]
             containers = tuple(j.rec.containers.values())
             caps = [self._bw(c) for c in containers]  # as of now
-            readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1))
+            burst = self.burst
+            cores = [c.res.cpu + burst.get(c.id, 0.0) for c in containers] if burst else None
+            readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1, cores))
             out[jid] = JobTelemetry(since, max(0.0, speed), readings)
             k += 1 + NOISES_PER_CONTAINER * len(containers)
             j.tel_since, j.tel_done = now, j.done
@@ -312,6 +326,8 @@ class SimCluster:
         if isinstance(e, SetQuota):
             return {e.container.node}
         if isinstance(e, Reshape):
+            for c in e.removed:
+                self.burst.pop(c.id, None)
             self._set_flows(j)
             j.paused_until = now + self.restart_s
             return {c.node for c in (*e.added, *e.removed)}
@@ -326,6 +342,8 @@ class SimCluster:
         self._account(j, ZERO_STEP)
         self._set_flows(j)  # its containers are gone: its flows too
         j.base = ZERO_STEP
+        for c in e.containers:
+            self.burst.pop(c.id, None)
         return {c.node for c in e.containers}
 
     # ------------------------------------------------------------- dynamics
@@ -413,6 +431,9 @@ class SimCluster:
                 if self._retime(jid, now):
                     check.update(c.node for c in self.jobs[jid].rec.containers.values())
             more: set[str] = set()
+            if self.burstable:
+                for node in sorted(check):
+                    more |= self._burst_node(node)
             for node in check:
                 f = self._factor(node)
                 was = timed.get(node, 1.0)
@@ -425,6 +446,69 @@ class SimCluster:
             if not more:
                 return
             todo, check = sorted(more), set()
+
+    def _extra_need(self, c: Container) -> float:
+        """Cores a GPU worker's input pipeline needs above its request not to stall its step
+        (0: none, or not a GPU worker): the effective cores ``batch × CPU per sample / rest``
+        (``rest``: the step without the stall), as cores by the inverse of Amdahl's law at its
+        model's fraction; a pipeline no number of cores keeps fed wants the whole node."""
+        j = self.jobs[c.owner]
+        spec, st = j.rec.spec, j.base
+        model = self.models[spec.model]
+        if c.role is not Role.WORKER or c.res.gpu <= 0 or model.gpu_samples_per_s <= 0 or st.speed <= 0:
+            return 0.0
+        rest = st.gpu_busy * st.t + st.t_net + st.t_ps
+        work = spec.batch * model.input_core_s_per_sample * self.input_scale.get(spec.id, 1.0)
+        f = fraction_of(model, self.cal)[0]
+        e = work / rest if rest > 0 else math.inf
+        if e <= 1.0:
+            need = e
+        else:
+            inv = 1.0 / e - (1.0 - f)
+            need = f / inv if inv > 0 else math.inf
+        return max(0.0, need - c.res.cpu)
+
+    def _burst_node(self, node: str) -> set[str]:
+        """Share the cores a node's training containers leave (cores − ``burst_reserve`` − what
+        the others use − the bursting ones' requests) among its input-bound GPU workers by
+        weighted max-min fairness, their requests as weights (the CFS with cpu.shares and no
+        limit), each up to its :meth:`_extra_need`; bursts are rounded down to 0.05 cores.
+        Returns the jobs whose bursts changed."""
+        containers = self.state.containers_on(node)
+        avail = self.state.node_by_name[node].cores - self.burst_reserve
+        wants: list[tuple[Container, float]] = []
+        for c in containers:
+            extra = self._extra_need(c)
+            if extra > BURST_GRID:
+                wants.append((c, extra))
+                avail -= c.res.cpu
+            else:
+                avail -= self.container_use(c)
+        got = dict.fromkeys((c.id for c, _ in wants), 0.0)
+        left, open_ = max(0.0, avail), list(wants)
+        while open_ and left > 1e-9:  # water-filling: an equal share per weight, the satisfied leave
+            w = sum(c.res.cpu for c, _ in open_)
+            share = left / w
+            done = [(c, x) for c, x in open_ if x - got[c.id] <= share * c.res.cpu]
+            if not done:
+                for c, _ in open_:
+                    got[c.id] += share * c.res.cpu
+                break
+            for c, x in done:
+                left -= x - got[c.id]
+                got[c.id] = x
+            open_ = [p for p in open_ if p not in done]
+        changed: set[str] = set()
+        for c in containers:
+            b = math.floor(got.get(c.id, 0.0) / BURST_GRID + 1e-9) * BURST_GRID
+            b = round(b, 4) if math.isfinite(b) else 0.0
+            if b != self.burst.get(c.id, 0.0):
+                if b > 0:
+                    self.burst[c.id] = b
+                else:
+                    self.burst.pop(c.id, None)
+                changed.add(c.owner)
+        return changed
 
     def _retime(self, jid: str, now: float) -> bool:
         """Recompute a running job's step and its completion event; True if its step changed."""
@@ -453,9 +537,10 @@ class SimCluster:
         spec = j.rec.spec
         workers, ps = [], []
         bw_w = bw_ps = math.inf
+        burst = self.burst
         for c in j.rec.containers.values():
             if c.role is Role.WORKER:
-                workers.append((c.res.cpu, c.res.gpu, None))
+                workers.append((c.res.cpu + burst[c.id] if c.id in burst else c.res.cpu, c.res.gpu, None))
                 bw_w = min(bw_w, self._bw(c))
             else:
                 ps.append((c.res.cpu, None))
@@ -555,7 +640,8 @@ class SimCluster:
         t = st.t
         if c.role is Role.WORKER:
             if c.res.gpu > 0 and self.models[j.rec.spec.model].gpu_samples_per_s > 0:
-                return c.res.cpu * min(1.0, st.t_pipe / t) * (st.speed / j.base.speed if contended else 1.0)
+                cores = c.res.cpu + self.burst.get(c.id, 0.0)
+                return cores * min(1.0, st.t_pipe / t) * (st.speed / j.base.speed if contended else 1.0)
             return c.res.cpu * st.worker_busy
         return c.res.cpu * st.ps_busy
 

@@ -44,6 +44,9 @@ once per window (``inference.interval_s``, default one minute). Model, per windo
   times stretch by ``C / C_got``; training gets ``U_got`` while inference is busy (share ``β``
   of the window) and runs at ``k = 1 − β (1 − U_got / U)`` of its speed; every job with a
   container there slows to ``k`` (:meth:`SimCluster.set_contention`).
+  With ``training_qos: burstable`` training's ``U`` includes what its input-bound GPU workers
+  take above their requests from the node's idle cores (:meth:`SimCluster._burst_node`), and
+  the harvester is not told the training limits (training can exceed them).
   ``training_slowdown_pct`` is ``100 × (1 − mean k)``
   over running jobs, integrated over time (job-seconds): the ratio of contended to
   uncontended speed measured in the same run (no second run needed: the uncontended step
@@ -180,6 +183,8 @@ class SimInference:
         self.sec = sec
         self.cluster = cluster
         cluster.track_share = True
+        if sec.training_qos == "burstable":
+            cluster.burstable, cluster.burst_reserve = True, sec.system_reserve_cores
         self.rng = rng
         self.noise = (sc.policy.telemetry_noise_pct if noise_pct is None else noise_pct) / 100.0
         self.interval_s = sec.interval_s
@@ -251,7 +256,8 @@ class SimInference:
             need = None if sec.training_need == "limits" else max(hist[-1], float(np.percentile(np.asarray(hist),
                                                                                                   sec.need_percentile)))
             u = self.replicas.node_usage(n, now, reserve=sec.system_reserve_cores, need=need, used=used)
-            usage[n.name] = u if sec.coordination == "joint" else replace(u, training_limit=None)
+            limited = sec.coordination == "joint" and sec.training_qos == "guaranteed"
+            usage[n.name] = u if limited else replace(u, training_limit=None)
         m = self.window(now)
         first = {sid: float(r[min(m, len(r) - 1)]) for sid, r in self.rates.items()}  # before any window: the true rate
         return self.replicas.snapshot(now, usage, first)
