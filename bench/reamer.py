@@ -23,10 +23,11 @@ CPU need is data-driven (docs/design.md#trainings-cpu-need): its level ``--need-
 (default ``pai2020``: every model's input cost scaled so that 15.51 % of the GPU jobs need more
 CPU than they request, Alibaba PAI's share) and its variation ``--need-variation`` (default
 ``pai2020``: each job its own log-normal AR(1), fitted to PAI's mini-batch times), redrawn
-each minute, so policies face a need that moves between their measurements. Training pods
-are Burstable (``--training-qos``, default ``burstable``: cpu.shares = the request, no CPU
-limit), so a GPU worker whose input pipeline needs more than its request runs on its node's idle
-cores — the cores a harvester that counts requests takes. CPU contention on a node is split by
+each minute, so policies face a need that moves between their measurements. Every run is
+made under each training CPU QoS of ``--training-qos`` (default both, side by side):
+``guaranteed`` (limit = request: a GPU worker whose input pipeline needs more is input-bound
+until a policy gives it more) and ``burstable`` (cpu.shares = the request, no limit: it runs on
+its node's idle cores — the cores a harvester that counts requests takes). CPU contention on a node is split by
 cpu.shares (:func:`reamer.backends.sim.inference.cfs_split`): both training and inference can
 slow.
 
@@ -74,6 +75,7 @@ sys.path.append(str(_HERE))
 from _common import OPENB_NODES, OPENB_PODS, write_results_section  # noqa: E402
 
 GIB = 1024.0
+QOS = ("guaranteed", "burstable")  # training pods' CPU QoS (inference.training_qos)
 SERVICES = [  # id, model, p99 SLO (ms)
     ("resnet50", "resnet50", 150.0),
     ("mobilenet", "mobilenet_v2", 50.0),
@@ -259,9 +261,9 @@ def main() -> int:
     ap.add_argument("--nic-gbps", type=float, default=100.0,
                     help="GPU-node NIC (openb pods are single pods: their gradient traffic stays in the host; "
                          "100 Gb/s is a lower bound for that, DGX-1-class servers carry 4 x 100 Gb/s)")
-    ap.add_argument("--training-qos", choices=("burstable", "guaranteed"), default="burstable",
-                    help="training pods' CPU QoS: burstable (no CPU limit: an input-bound GPU worker runs on its "
-                         "node's idle cores) or guaranteed (limit = request)")
+    ap.add_argument("--training-qos", choices=QOS, nargs="+", default=list(QOS),
+                    help="training pods' CPU QoS, each run under every one given: guaranteed (limit = request) and "
+                         "burstable (no CPU limit: an input-bound GPU worker runs on its node's idle cores)")
     a = ap.parse_args()
     if not (OPENB_NODES.is_file() and OPENB_PODS.is_file()):
         print(f"needs the openb data in {OPENB_NODES.parent}", file=sys.stderr)
@@ -277,39 +279,46 @@ def main() -> int:
         order = np.random.default_rng(seed).permutation(len(pods))
         ref = pick(pods, order, nodes[1], 0.70)
         unrequested = nodes[2] - sum(p[1] for p in ref)
-        for packing in (70, 85, 95):
-            for load in a.loads:
-                for name in a.policies:
-                    tasks.append((seed, packing, load, name, str(nodes[0]), horizon, load * unrequested,
-                                  a.need_variation, a.need_scale, a.nic_gbps, a.training_qos))
+        for qos in a.training_qos:
+            for packing in (70, 85, 95):
+                for load in a.loads:
+                    for name in a.policies:
+                        tasks.append((seed, packing, load, name, str(nodes[0]), horizon, load * unrequested,
+                                      a.need_variation, a.need_scale, a.nic_gbps, qos))
     t0 = time.perf_counter()
+    runs = []
     with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes,)) as ex:
-        runs = list(ex.map(one, tasks))
+        for r in ex.map(one, tasks):
+            runs.append(r)
+            print(f"\r{len(runs)}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
     speedups(runs)
     ratios: dict[str, float] = {}
-    for name in a.policies:
-        mine = [r["metrics"] for r in runs if r["policy"] == name]
-        sp = [m["training_speedup_vs_static_ratio"] for m in mine if m.get("training_speedup_vs_static_ratio") is not None]
-        if sp:
-            key = name.replace("+", "_").replace("-", "_")
-            ratios[f"{key}_training_speedup_vs_static_min_ratio"] = min(sp)
-            ratios[f"{key}_training_speedup_vs_static_max_ratio"] = max(sp)
-        for k in ("slo_attainment_pct", "training_slowdown_pct", "harvested_share_pct"):
-            vals = [m[k] for m in mine if m[k] is not None]
-            if vals:
-                key = name.replace("+", "_").replace("-", "_")  # snake_case keys
-                ratios[f"{key}_{k[:-4]}_min_pct"] = min(vals)
-                ratios[f"{key}_{k[:-4]}_max_pct"] = max(vals)
+    for qos in a.training_qos:
+        for name in a.policies:
+            mine = [r["metrics"] for r in runs if r["policy"] == name and r["params"]["training_qos"] == qos]
+            # snake_case keys; guaranteed's without the QoS (as before it was a parameter)
+            key = name.replace("+", "_").replace("-", "_") + ("" if qos == "guaranteed" else f"_{qos}")
+            sp = [m["training_speedup_vs_static_ratio"] for m in mine
+                  if m.get("training_speedup_vs_static_ratio") is not None]
+            if sp:
+                ratios[f"{key}_training_speedup_vs_static_min_ratio"] = min(sp)
+                ratios[f"{key}_training_speedup_vs_static_max_ratio"] = max(sp)
+            for k in ("slo_attainment_pct", "training_slowdown_pct", "harvested_share_pct"):
+                vals = [m[k] for m in mine if m[k] is not None]
+                if vals:
+                    ratios[f"{key}_{k[:-4]}_min_pct"] = min(vals)
+                    ratios[f"{key}_{k[:-4]}_max_pct"] = max(vals)
     write_json(a.json_out, document("reamer", runs, ratios))
     if not a.no_docs:
         write_docs(runs, seeds, a.quick)
     print(f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {a.json_out}")
-    hdr = f"{'policy':16} {'pack':>4} {'load':>5} " + " ".join(f"{k[:12]:>12}" for k in KEYS[:10])
+    hdr = f"{'policy':16} {'qos':10} {'pack':>4} {'load':>5} " + " ".join(f"{k[:12]:>12}" for k in KEYS[:10])
     print(hdr)
     for r in runs:
         m = r["metrics"]
         vals = " ".join(f"{(m[k] if m[k] is not None else float('nan')):12.2f}" for k in KEYS[:10])
-        print(f"{r['policy']:16} {r['params']['packing_pct']:>4} {r['params']['peak_load']:>5} {vals}  s{r['seed']}")
+        print(f"{r['policy']:16} {r['params']['training_qos']:10} {r['params']['packing_pct']:>4} {r['params']['peak_load']:>5} {vals}  s{r['seed']}")
     return 0
 
 
@@ -324,11 +333,14 @@ def _number_or_pai(text: str) -> float | str:
 
 def speedups(runs: list[dict]) -> None:
     """Each run's ``training_speedup_vs_static_ratio``: the samples its training jobs trained ÷
-    those of the :data:`BASELINE` run of the same seed, packing and load (None without one)."""
-    base = {(r["seed"], r["params"]["packing_pct"], r["params"]["peak_load"]): r["metrics"]["training_samples"]
-            for r in runs if r["policy"] == BASELINE}
+    those of the :data:`BASELINE` run of the same seed, training QoS, packing and load (None
+    without one)."""
+    def same(r: dict) -> tuple:
+        return r["seed"], r["params"]["training_qos"], r["params"]["packing_pct"], r["params"]["peak_load"]
+
+    base = {same(r): r["metrics"]["training_samples"] for r in runs if r["policy"] == BASELINE}
     for r in runs:
-        b = base.get((r["seed"], r["params"]["packing_pct"], r["params"]["peak_load"]))
+        b = base.get(same(r))
         r["metrics"]["training_speedup_vs_static_ratio"] = r["metrics"]["training_samples"] / b if b else None
 
 
@@ -342,17 +354,20 @@ def write_docs(runs: list[dict], seeds: list[int], quick: bool) -> None:
              " Regenerate: `python bench/reamer.py --json bench-reamer.json" + (" --quick" if quick else "")
              + " --seeds " + " ".join(map(str, seeds))
              + " --loads " + " ".join(str(x) for x in sorted({r["params"]["peak_load"] for r in runs})) + "`.", "",
-             "| policy | packing % | peak load | " + " | ".join(c for _, c in cols) + " |",
-             "|---|---|---|" + "---|" * len(cols)]
+             "| training QoS | policy | packing % | peak load | " + " | ".join(c for _, c in cols) + " |",
+             "|---|---|---|---|" + "---|" * len(cols)]
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["params"]["packing_pct"], r["params"]["peak_load"], r["policy"]), []).append(r["metrics"])
-    for (packing, load, name), ms in sorted(groups.items()):
+        p = r["params"]
+        groups.setdefault((QOS.index(p["training_qos"]), p["packing_pct"], p["peak_load"], r["policy"]),
+                          []).append(r["metrics"])
+    for (qos, packing, load, name), ms in sorted(groups.items()):
         cells = []
         for key, _ in cols:
             vals = [m[key] for m in ms if m.get(key) is not None]
-            cells.append(f"{min(vals):.2f}–{max(vals):.2f}" if vals else "n/a")
-        lines.append(f"| {name} | {packing} | {load} | " + " | ".join(cells) + " |")
+            f = "{:.3f}" if key.endswith("_ratio") else "{:.2f}"
+            cells.append(f"{f.format(min(vals))}–{f.format(max(vals))}" if vals else "n/a")
+        lines.append(f"| {QOS[qos]} | {name} | {packing} | {load} | " + " | ".join(cells) + " |")
     write_results_section("Cloud Reamer", lines)
 
 
