@@ -24,19 +24,20 @@ def _bench():
     return mod
 
 
-def _run(policy, seed, samples, packing=70, load=0.5):
-    return {"policy": policy, "seed": seed, "params": {"packing_pct": packing, "peak_load": load},
+def _run(policy, seed, samples, packing=70, load=0.5, qos="guaranteed"):
+    return {"policy": policy, "seed": seed, "params": {"packing_pct": packing, "peak_load": load, "training_qos": qos},
             "metrics": {"training_samples": samples}}
 
 
-def test_speedup_is_against_static_reamer_of_the_same_seed_packing_and_load():
+def test_speedup_is_against_static_reamer_of_the_same_seed_qos_packing_and_load():
     b = _bench()
     runs = [_run("static+reamer", 1, 100.0), _run("nearchus+reamer", 1, 130.0), _run("naive", 1, 90.0),
             _run("static+reamer", 2, 200.0), _run("nearchus+reamer", 2, 180.0),
-            _run("nearchus+reamer", 1, 50.0, packing=85)]  # no baseline at 85 %
+            _run("nearchus+reamer", 1, 50.0, packing=85),  # no baseline at 85 %
+            _run("static+reamer", 1, 120.0, qos="burstable"), _run("nearchus+reamer", 1, 132.0, qos="burstable")]
     b.speedups(runs)
     got = [r["metrics"]["training_speedup_vs_static_ratio"] for r in runs]
-    assert got == [1.0, 1.3, 0.9, 1.0, 0.9, None]
+    assert got == [1.0, 1.3, 0.9, 1.0, 0.9, None, 1.0, 1.1]
 
 
 def test_the_need_options_take_a_number_or_pai2020():
