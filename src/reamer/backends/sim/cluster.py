@@ -497,11 +497,11 @@ class SimCluster:
             for c, x in done:
                 left -= x - got[c.id]
                 got[c.id] = x
-            open_ = [p for p in open_ if p not in done]
+            finished = {c.id for c, _ in done}
+            open_ = [(c, x) for c, x in open_ if c.id not in finished]
         changed: set[str] = set()
         for c in containers:
-            b = math.floor(got.get(c.id, 0.0) / BURST_GRID + 1e-9) * BURST_GRID
-            b = round(b, 4) if math.isfinite(b) else 0.0
+            b = round(math.floor(got.get(c.id, 0.0) / BURST_GRID + 1e-9) * BURST_GRID, 4)
             if b != self.burst.get(c.id, 0.0):
                 if b > 0:
                     self.burst[c.id] = b
