@@ -285,16 +285,3 @@ def test_a_worker_that_stops_reporting_is_killed_and_the_job_restarts(world):
     c.observe(2.0)
     assert [(f[1], f[2]) for f in c.failures] == [("j", f"j/worker2 stopped reporting for {c.hung_after_s:g} s")]
     assert _spawned(world) == [("j.ps0", True), ("j.worker1", False), ("j.worker2", False)]
-
-
-def test_close_with_checkpoint_stops_workers_first_and_the_ps_checkpoints_their_step(world, tmp_path):
-    """An interrupted run (``close(checkpoint=True)``): each running job's workers leave after
-    their step, then its PS checkpoints what they reached, before anything is released."""
-    for w in world.workers:
-        w.run(15)
-    world.ops.clear()
-    world.cluster.close(checkpoint=True)
-    sig = [op[1] for op in world.ops if op[0] == "sigterm"]
-    assert sig[:2] == ["j.worker1", "j.worker2"]
-    manifest = json.loads((tmp_path / "checkpoints" / "j" / "manifest.json").read_text())
-    assert manifest["step"] == 15

@@ -534,12 +534,9 @@ class LocalCluster:
         most ``stop_timeout_s``) and the durable record keeps their progress for a resume."""
         if checkpoint:
             for jid in list(self.state.running):
-                workers = [cid for cid in self.runs[jid].procs
-                           if self.state.jobs[jid].containers[cid].role is Role.WORKER]
-                try:
-                    self._stop(jid, workers)
-                except Exception:  # the others still leave cleanly; this one's record keeps its last banked progress
-                    log.exception("%s: could not stop it cleanly", jid)
+                with contextlib.suppress(Exception):
+                    self._stop(jid, [cid for cid in run.procs
+                                     if self.state.jobs[jid].containers[cid].role is Role.WORKER])
             self.persist()
         for run in self.runs.values():
             with contextlib.suppress(Exception):
