@@ -27,9 +27,9 @@ each minute, so policies face a need that moves between their measurements. Ever
 made under each training CPU QoS of ``--training-qos`` (default both, side by side):
 ``guaranteed`` (limit = request: a GPU worker whose input pipeline needs more is input-bound
 until a policy gives it more) and ``burstable`` (cpu.shares = the request, no limit: it runs on
-its node's idle cores — the cores a harvester that counts requests takes). CPU contention on a node is split by
-cpu.shares (:func:`reamer.backends.sim.inference.cfs_split`): both training and inference can
-slow.
+its node's idle cores — the cores a harvester that counts requests takes). CPU contention on a
+node is split by cpu.shares (:func:`reamer.backends.sim.inference.cfs_split`): both training
+and inference can slow.
 
 Policies (training + harvesting): ``dedicated``, ``naive``, ``usage-reclaim`` and
 ``static+reamer`` on ``static`` training; ``nearchus+reamer`` (the joint loop: NEARCHUS

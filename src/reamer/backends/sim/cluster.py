@@ -273,8 +273,7 @@ class SimCluster:
             speed = (j.done - j.tel_done) / (now - since) * noise[k]
             containers = tuple(j.rec.containers.values())
             caps = [self._bw(c) for c in containers]  # as of now
-            burst = self.burst
-            cores = [c.res.cpu + burst.get(c.id, 0.0) for c in containers] if burst else None
+            cores = [self._cores(c) for c in containers] if self.burst else None
             readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1, cores))
             out[jid] = JobTelemetry(since, max(0.0, speed), readings)
             k += 1 + NOISES_PER_CONTAINER * len(containers)
@@ -447,6 +446,10 @@ class SimCluster:
                 return
             todo, check = sorted(more), set()
 
+    def _cores(self, c: Container) -> float:
+        """The cores a container runs on: its CPU limit, plus its burst (burstable training)."""
+        return c.res.cpu + self.burst.get(c.id, 0.0)
+
     def _extra_need(self, c: Container) -> float:
         """Cores a GPU worker's input pipeline needs above its request not to stall its step
         (0: none, or not a GPU worker): the effective cores ``batch × CPU per sample / rest``
@@ -537,10 +540,9 @@ class SimCluster:
         spec = j.rec.spec
         workers, ps = [], []
         bw_w = bw_ps = math.inf
-        burst = self.burst
         for c in j.rec.containers.values():
             if c.role is Role.WORKER:
-                workers.append((c.res.cpu + burst[c.id] if c.id in burst else c.res.cpu, c.res.gpu, None))
+                workers.append((self._cores(c), c.res.gpu, None))
                 bw_w = min(bw_w, self._bw(c))
             else:
                 ps.append((c.res.cpu, None))
@@ -640,8 +642,7 @@ class SimCluster:
         t = st.t
         if c.role is Role.WORKER:
             if c.res.gpu > 0 and self.models[j.rec.spec.model].gpu_samples_per_s > 0:
-                cores = c.res.cpu + self.burst.get(c.id, 0.0)
-                return cores * min(1.0, st.t_pipe / t) * (st.speed / j.base.speed if contended else 1.0)
+                return self._cores(c) * min(1.0, st.t_pipe / t) * (st.speed / j.base.speed if contended else 1.0)
             return c.res.cpu * st.worker_busy
         return c.res.cpu * st.ps_busy
 
