@@ -59,6 +59,15 @@ def _workload_pids() -> list[int]:
     return out
 
 
+def _reported(pid: int, event: str) -> bool:
+    """Whether the workload process ``pid`` has written an ``event`` line to its telemetry
+    file (its stdout)."""
+    try:
+        return f'"event": "{event}"' in Path(os.readlink(f"/proc/{pid}/fd/1")).read_text()
+    except OSError:
+        return False
+
+
 def _left() -> tuple[list[str], list[str], list[int]]:
     ex = CgroupExecutor(session.CGROUP_ROOT, prefix=session.CGROUP_PREFIX, controllers=("cpu", "cpuset"))
     ns = [n for n in list_namespaces() if n.startswith(session.NETNS_PREFIX + "-")]
@@ -149,20 +158,25 @@ def test_a_process_killed_mid_run_restarts_the_job_from_its_checkpoint_and_the_j
     killed: list[int] = []
 
     def killer() -> None:
+        """Mid-run: once the worker has reported training steps (on a loaded machine its start
+        alone can take longer than any fixed delay; a kill during the launch is another fault)."""
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not killed:
+            procs = {}
             for pid in _workload_pids():
                 try:
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    procs[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if f"ps_training\x00{role}\x00".encode() in cmd and time.monotonic() > start + 6:
+            training = any(b"ps_training\x00worker\x00" in cmd and _reported(pid, "interval")
+                           for pid, cmd in procs.items())
+            for pid, cmd in procs.items():
+                if training and f"ps_training\x00{role}\x00".encode() in cmd:
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                     return
             time.sleep(0.5)
 
-    start = time.monotonic()
     threading.Thread(target=killer, daemon=True).start()
     run = run_scenario(parse_local(sc, "test"), load_profiles(None))
     assert killed, f"the {role} was never killed"

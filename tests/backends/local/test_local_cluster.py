@@ -85,7 +85,7 @@ class World:
                 if role == "worker":
                     world.workers.append(self)
 
-            def wait_for(self, event, timeout):
+            def wait_for(self, event, timeout, peers=()):
                 return {"port": 5000, "version": world.version}
 
             def run(self, steps):

@@ -188,8 +188,9 @@ class LocalCluster:
                                               "--batch", str(j.spec.batch), "--report-every", "0",
                                               "--report-every-s", f"{self.report_every_s:g}",
                                               "--connect-timeout", f"{self.launch_timeout_s:g}"])
-        for c in ws:
-            run.procs[c.id].wait_for("connected", self.launch_timeout_s)
+        shards = [run.procs[c.id] for c in ps]
+        for c in ws:  # a PS that dies meanwhile fails the launch now, not after the timeout
+            run.procs[c.id].wait_for("connected", self.launch_timeout_s, peers=shards)
         run.progress = {c.id: run.start_step for c in ws}
         run.marks = {}
 

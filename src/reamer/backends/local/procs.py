@@ -158,9 +158,10 @@ class Proc:
         with self._lock:
             return self.lines[index:]
 
-    def wait_for(self, event: str, timeout_s: float) -> dict[str, Any]:
+    def wait_for(self, event: str, timeout_s: float, *, peers: Sequence[Proc] = ()) -> dict[str, Any]:
         """The first line with ``"event": event``; a one-line RuntimeError when the process
-        exits first or ``timeout_s`` passes."""
+        exits first, when one of ``peers`` (processes it depends on) exits, or ``timeout_s``
+        passes."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
@@ -170,6 +171,10 @@ class Proc:
                 if self.p.poll() is not None and not self._reader.is_alive():
                     raise RuntimeError(f"{self.cgroup}: exited (code {self.p.returncode}) before {event!r}; "
                                        f"see {self._log.name}")
+                for peer in peers:
+                    if peer.p.poll() is not None:
+                        raise RuntimeError(f"{self.cgroup}: {peer.cgroup} exited (code {peer.p.returncode}) before "
+                                           f"{self.cgroup}'s {event!r}; see {peer._log.name}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RuntimeError(f"{self.cgroup}: no {event!r} line within {timeout_s:g}s; see {self._log.name}")

@@ -1,0 +1,49 @@
+"""Workload processes of the local backend (:mod:`reamer.backends.local.procs`): real child
+processes; the cgroup executor is a stand-in recording the pids (cgroups are covered by
+``test_cgroups.py``), so these run without root."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from reamer.backends.local.procs import Proc
+
+
+class Executor:
+    def __init__(self) -> None:
+        self.added: list[tuple[str, int]] = []
+
+    def add_process(self, cgroup: str, pid: int) -> None:
+        self.added.append((cgroup, pid))
+
+
+def _proc(tmp_path, name: str, code: str) -> Proc:
+    return Proc([sys.executable, "-c", code], cgroup=name, executor=Executor(), log=tmp_path / f"{name}.log")
+
+
+def test_a_line_that_arrives_is_returned(tmp_path):
+    p = _proc(tmp_path, "w", 'import json; print(json.dumps({"event": "connected", "port": 7}), flush=True)')
+    try:
+        assert p.wait_for("connected", 60)["port"] == 7
+    finally:
+        p.kill()
+        p.close()
+
+
+def test_waiting_for_a_line_fails_as_soon_as_a_process_it_depends_on_exits(tmp_path):
+    """A worker waiting on a PS that died would otherwise wait out the whole launch timeout."""
+    peer = _proc(tmp_path, "ps", "import sys; sys.exit(3)")
+    waiter = _proc(tmp_path, "worker", "import time; time.sleep(120)")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"^worker: ps exited \(code 3\) before worker's 'connected'"):
+            waiter.wait_for("connected", 100, peers=[peer])
+        assert time.monotonic() - t0 < 50  # well inside the timeout: the peer's exit ended the wait
+        assert waiter.alive()
+    finally:
+        for p in (waiter, peer):
+            p.kill()
+            p.close()
