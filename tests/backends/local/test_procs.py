@@ -5,7 +5,6 @@ processes; the cgroup executor is a stand-in recording the pids (cgroups are cov
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 
@@ -38,10 +37,9 @@ def test_waiting_for_a_line_fails_as_soon_as_a_process_it_depends_on_exits(tmp_p
     peer = _proc(tmp_path, "ps", "import sys; sys.exit(3)")
     waiter = _proc(tmp_path, "worker", "import time; time.sleep(120)")
     try:
-        t0 = time.monotonic()
+        # the message is not the timeout's: the peer's exit ended the wait
         with pytest.raises(RuntimeError, match=r"^worker: ps exited \(code 3\) before worker's 'connected'"):
             waiter.wait_for("connected", 100, peers=[peer])
-        assert time.monotonic() - t0 < 50  # well inside the timeout: the peer's exit ended the wait
         assert waiter.alive()
     finally:
         for p in (waiter, peer):

@@ -172,7 +172,7 @@ class Proc:
                     raise RuntimeError(f"{self.cgroup}: exited (code {self.p.returncode}) before {event!r}; "
                                        f"see {self._log.name}")
                 for peer in peers:
-                    if peer.p.poll() is not None:
+                    if not peer.alive():
                         raise RuntimeError(f"{self.cgroup}: {peer.cgroup} exited (code {peer.p.returncode}) before "
                                            f"{self.cgroup}'s {event!r}; see {peer._log.name}")
                 left = deadline - time.monotonic()
