@@ -167,6 +167,8 @@ class Nearchus:
         self._cpu_growth_ok = False
         # per node (FreeMap order): measured NIC utilization (last telemetry); None: nothing measured
         self._nic: np.ndarray | None = None
+        # the telemetry round whose NIC use _nic is still to be summed from (:meth:`_nic_now`)
+        self._nic_from: tuple[ClusterSnapshot, FreeMap] | None = None
         self._nic_cap = np.zeros(0)
         self._nic_nodes: object = None
 
@@ -181,10 +183,10 @@ class Nearchus:
         self._crowd = free.crowding(snap)
         out: list[Decision] = []
         if snap.nodes is not self._nic_nodes:  # (another) node list: its links
-            self._nic_nodes, self._nic = snap.nodes, None
+            self._nic_nodes, self._nic, self._nic_from = snap.nodes, None, None
             self._nic_cap = np.array([n.nic_gbps for n in snap.nodes], dtype=float)
         if snap.telemetry:
-            self._nic = self._nic_util(snap, free)
+            self._nic_from = (snap, free)  # summed when first needed: most rounds place nothing
         # A round without telemetry, queue, a job owed its request or an addition to confirm
         # has nothing to do per running job: it skips them (the same decisions, in time
         # bounded by what is due rather than by the running jobs).
@@ -353,9 +355,10 @@ class Nearchus:
             if p is None:
                 return []
             self._crowd[free.index[p.node]] += 1
-            if self._nic is not None:
+            nic = self._nic_now()
+            if nic is not None:
                 i = free.index[p.node]
-                self._nic[i] += expect / self._nic_cap[i]
+                nic[i] += expect / self._nic_cap[i]
             decisions.append(AddContainer(job.id, p))
             after = cores + tmpl.cpu
         if kind is Action.TRIM:
@@ -426,9 +429,21 @@ class Nearchus:
     def _nic_ok(self, free: FreeMap, expect_gbps: float = 0.0) -> np.ndarray | None:
         """Nodes whose NIC keeps headroom (last measurement + ``expect_gbps`` of the new
         container < ``net_saturation``), or None (no limit)."""
-        if not self.cfg.nic_headroom or self._nic is None:
+        if not self.cfg.nic_headroom:
             return None
-        return self._nic + expect_gbps / self._nic_cap < self.cfg.net_saturation
+        nic = self._nic_now()
+        if nic is None:
+            return None
+        return nic + expect_gbps / self._nic_cap < self.cfg.net_saturation
+
+    def _nic_now(self) -> np.ndarray | None:
+        """Per node, the measured NIC utilization of the last telemetry (plus what additions
+        since are expected to carry); None: nothing measured."""
+        if self._nic_from is not None:
+            snap, free = self._nic_from
+            self._nic_from = None
+            self._nic = self._nic_util(snap, free)
+        return self._nic
 
     @staticmethod
     def _expected_gbps(job: JobView, role: Role, tel) -> float:
@@ -444,7 +459,7 @@ class Nearchus:
 
     def _start(self, snap: ClusterSnapshot, free: FreeMap) -> list[Decision]:
         out: list[Decision] = []
-        thin_ok = self._nic_ok(free)
+        thin_ok: np.ndarray | None | bool = False  # (False: not looked up yet)
         failed: set[tuple] = set()
         for job in snap.queue:
             s = job.spec
@@ -452,6 +467,8 @@ class Nearchus:
             if key in failed:
                 continue
             for k, shape in enumerate(self._shapes(s)):
+                if k > 0 and thin_ok is False:
+                    thin_ok = self._nic_ok(free)
                 placed = free.place_gang(shape, self.cfg.placement, thin_ok if k > 0 else None, self.cfg.gpu_fit)
                 if placed is not None:
                     out.append(StartJob(job.id, placed))

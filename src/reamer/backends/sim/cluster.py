@@ -67,6 +67,9 @@ class _Run:
     base: Step = ZERO_STEP  # its step without CPU contention from co-located inference
     w_ref: float = 0.0  # its network share of a step at its request on full links (flows as requested)
     flows: tuple[tuple[str, float, float], ...] = ()  # (node, flow now, flow as requested) it adds, per container
+    # its containers as the speed model takes them: (workers' (cores, GPUs, threads), PS' (cores,
+    # threads), worker nodes, PS nodes); None: to be rebuilt (an effect or a burst changed them)
+    shape: tuple | None = None
 
 
 @dataclass
@@ -207,6 +210,9 @@ class SimCluster:
         # node -> [Σ of its containers' concurrent flows now, Σ as requested] (_bw), kept up to
         # date as containers come and go and steps change
         self._flows: dict[str, list[float]] = {n.name: [0.0, 0.0] for n in self.nodes}
+        self._nic = {n.name: n.nic_gbps for n in self.nodes}
+        # node -> its containers' bandwidth (_bw): the link's × _factor, kept with the flows
+        self._node_bw: dict[str, float] = {n.name: n.nic_gbps * self._factor(n.name) for n in self.nodes}
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
         self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
@@ -306,6 +312,7 @@ class SimCluster:
     def _carry(self, e: Effect, now: float) -> set[str]:
         """The physics of one effect; returns the nodes it touched."""
         j = self.jobs[e.job]
+        j.shape = None
         if not isinstance(e, Stop):
             self._check_range(j)
         if isinstance(e, Launch):
@@ -350,7 +357,7 @@ class SimCluster:
         """A container's bandwidth: its link's, times the node's concurrent flows as requested
         over its flows now (:meth:`_set_flows`). Equal sums give the full link — the speed a
         trace's record implies; more flows than requested share it, fewer leave more."""
-        return self.state.node_by_name[c.node].nic_gbps * self._factor(c.node)
+        return self._node_bw[c.node]
 
     def _set_flows(self, j: _Run) -> None:
         """Put the job's flows on its nodes' sums, in place of those it had there. Each PS/worker
@@ -363,9 +370,11 @@ class SimCluster:
             f = flows[node]
             f[0] -= now_
             f[1] -= ref
+        touched = {node for node, _, _ in j.flows}
         containers = j.rec.containers.values()
         if not containers:
             j.flows = ()
+            self._set_bw(touched)
             return
         spec = j.rec.spec
         w = j.step.net_busy if j.step.speed > 0 else j.w_ref
@@ -380,7 +389,14 @@ class SimCluster:
             f[0] += w
             f[1] += ref
             out.append((c.node, w, ref))
+            touched.add(c.node)
         j.flows = tuple(out)
+        self._set_bw(touched)
+
+    def _set_bw(self, nodes: Iterable[str]) -> None:
+        nic, bw = self._nic, self._node_bw
+        for node in nodes:
+            bw[node] = nic[node] * self._factor(node)
 
     def _factor(self, node: str) -> float:
         """The node's flows as requested over its flows now (each counted at least 1)."""
@@ -511,6 +527,7 @@ class SimCluster:
                 else:
                     self.burst.pop(c.id, None)
                 changed.add(c.owner)
+                self.jobs[c.owner].shape = None
         return changed
 
     def _retime(self, jid: str, now: float) -> bool:
@@ -519,15 +536,16 @@ class SimCluster:
         if j.rec.state is not JobState.RUNNING:
             return False
         self._progress(j, now)
-        j.base = self._speed(j)
-        new = self._contend(j, j.base)
         self._stale.add(jid)
+        spec = j.rec.spec
+        workers, ps, bw_w, bw_ps, scale, k = self._inputs(j)
+        j.base = self._step(spec.model, scale, spec.batch, workers, ps, bw_w, bw_ps)
+        new = self._contend(j.base, k)
         if new.speed == j.step.speed and new.cpu_used == j.step.cpu_used and j.paused_until <= now:
             if new != j.step:
                 self._account(j, new)
             return False
         self._account(j, new)
-        spec = j.rec.spec
         if spec.duration_s is not None:
             return True  # it ends at its first start + duration whatever its speed: the event of its launch stands
         j.version += 1
@@ -536,19 +554,29 @@ class SimCluster:
         self.on_change(jid, eta, j.version)
         return True
 
-    def _speed(self, j: _Run) -> Step:
-        spec = j.rec.spec
-        workers, ps = [], []
-        bw_w = bw_ps = math.inf
-        for c in j.rec.containers.values():
-            if c.role is Role.WORKER:
-                workers.append((self._cores(c), c.res.gpu, None))
-                bw_w = min(bw_w, self._bw(c))
-            else:
-                ps.append((c.res.cpu, None))
-                bw_ps = min(bw_ps, self._bw(c))
-        return self._step(spec.model, self.input_scale.get(spec.id, 1.0), spec.batch, tuple(workers), tuple(ps),
-                          bw_w, bw_ps)
+    def _inputs(self, j: _Run) -> tuple:
+        """What the job's step is computed from: its workers' (cores, GPUs, threads) and PS'
+        (cores, threads), its slowest worker and PS links, its input-cost factor and the
+        contention share of its most contended node."""
+        shape = j.shape
+        if shape is None:
+            workers, ps, w_nodes, ps_nodes = [], [], set(), set()
+            for c in j.rec.containers.values():
+                if c.role is Role.WORKER:
+                    workers.append((self._cores(c), c.res.gpu, None))
+                    w_nodes.add(c.node)
+                else:
+                    ps.append((c.res.cpu, None))
+                    ps_nodes.add(c.node)
+            shape = j.shape = (tuple(workers), tuple(ps), tuple(w_nodes), tuple(ps_nodes))
+        workers, ps, w_nodes, ps_nodes = shape
+        bw = self._node_bw
+        bw_w = min((bw[n] for n in w_nodes), default=math.inf)
+        bw_ps = min((bw[n] for n in ps_nodes), default=math.inf)
+        k = 1.0
+        if self.contention:
+            k = min((self.contention.get(n, 1.0) for n in (*w_nodes, *ps_nodes)), default=1.0)
+        return workers, ps, bw_w, bw_ps, self.input_scale.get(j.rec.spec.id, 1.0), k
 
     def _step(self, model: str, input_scale: float, batch: int, workers: tuple, ps: tuple, bw_w: float,
               bw_ps: float) -> Step:
@@ -600,13 +628,12 @@ class SimCluster:
                          "was measured up to %g cores; it extrapolates", name, top, f, limit)
             self.extrapolated[name] = (float(limit), float(top))
 
-    def _contend(self, j: _Run, base: Step) -> Step:
+    @staticmethod
+    def _contend(base: Step, k: float) -> Step:
         """The job's step under CPU contention: synchronous training runs at the pace of its
-        most contended container; a GPU job whose input pipeline gets a share ``k`` of the CPU
-        it uses slows to ``k`` of its speed (its use is what sustains that speed)."""
-        if not self.contention:
-            return base
-        k = min((self.contention.get(c.node, 1.0) for c in j.rec.containers.values()), default=1.0)
+        most contended container (``k``: the share of its CPU demand its most contended node
+        gives it); a GPU job whose input pipeline gets a share ``k`` of the CPU it uses slows
+        to ``k`` of its speed (its use is what sustains that speed)."""
         if k >= 1.0:
             return base
         return replace(base, speed=base.speed * k, cpu_used=base.cpu_used * k, gpu_used=base.gpu_used * k,

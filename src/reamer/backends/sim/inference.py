@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -147,6 +147,18 @@ def service_rates(sc: Scenario, minutes: int, rng: np.random.Generator) -> dict[
             rates = np.resize(series, minutes)  # repeat the trace when the run is longer
         out[s.id] = np.asarray(rates, dtype=float)
     return out
+
+
+def percentile(xs: Iterable[float], q: float) -> float:
+    """``numpy.percentile(xs, q)`` (its default, linear interpolation; the same arithmetic, so
+    the same bits) without numpy's per-call cost, for the few values of a node's need window."""
+    a = sorted(xs)
+    v = (len(a) - 1) * (q / 100)
+    i = math.floor(v)
+    g = v - i
+    lo, hi = a[i], a[min(i + 1, len(a) - 1)]
+    d = hi - lo
+    return hi - d * (1 - g) if g >= 0.5 else lo + d * g
 
 
 @dataclass
@@ -253,8 +265,7 @@ class SimInference:
             hist.append(self.cluster.node_use(n.name, False) * self._noise())
             while len(hist) > max(1, int(round(sec.need_window_s / self.interval_s))):
                 hist.popleft()
-            need = None if sec.training_need == "limits" else max(hist[-1], float(np.percentile(np.asarray(hist),
-                                                                                                  sec.need_percentile)))
+            need = None if sec.training_need == "limits" else max(hist[-1], percentile(hist, sec.need_percentile))
             u = self.replicas.node_usage(n, now, reserve=sec.system_reserve_cores, need=need, used=used)
             limited = sec.coordination == "joint" and sec.training_qos == "guaranteed"
             usage[n.name] = u if limited else replace(u, training_limit=None)
