@@ -226,3 +226,15 @@ def test_what_is_noted_is_the_cores_containers_got_not_their_request():
     assert c.extrapolated == {}
     c.actuate([AddContainer("j", Placement(Role.PS, "n0", Resources(3, 512)))], 10.0)
     assert c.extrapolated == {"PS": (2.0, 3.0)}
+
+
+def test_the_need_window_percentile_is_numpys_to_the_bit():
+    import numpy as np
+
+    from reamer.backends.sim.inference import percentile
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        xs = (rng.random(int(rng.integers(1, 40))) * rng.choice([1e-3, 1.0, 100.0])).tolist()
+        q = float(rng.choice([0.0, 50.0, 95.0, 99.9, 100.0, rng.random() * 100]))
+        assert percentile(xs, q) == float(np.percentile(np.asarray(xs), q))
