@@ -210,7 +210,6 @@ class SimCluster:
         # node -> [Σ of its containers' concurrent flows now, Σ as requested] (_bw), kept up to
         # date as containers come and go and steps change
         self._flows: dict[str, list[float]] = {n.name: [0.0, 0.0] for n in self.nodes}
-        self._nic = {n.name: n.nic_gbps for n in self.nodes}
         # node -> its containers' bandwidth (_bw): the link's × _factor, kept with the flows
         self._node_bw: dict[str, float] = {n.name: n.nic_gbps * self._factor(n.name) for n in self.nodes}
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
@@ -394,9 +393,9 @@ class SimCluster:
         self._set_bw(touched)
 
     def _set_bw(self, nodes: Iterable[str]) -> None:
-        nic, bw = self._nic, self._node_bw
+        by_name, bw = self.state.node_by_name, self._node_bw
         for node in nodes:
-            bw[node] = nic[node] * self._factor(node)
+            bw[node] = by_name[node].nic_gbps * self._factor(node)
 
     def _factor(self, node: str) -> float:
         """The node's flows as requested over its flows now (each counted at least 1)."""
