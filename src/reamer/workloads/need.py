@@ -22,6 +22,7 @@ comes from the jobs' own requests and models.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -51,17 +52,21 @@ def pai2020_variation() -> tuple[Ar1, ...]:
 
 
 class NeedProcess:
-    """Every running job's need factor, redrawn once per window (:meth:`step`)."""
+    """Every running job's need factor, redrawn once per window (:meth:`step`).
 
-    def __init__(self, rng: np.random.Generator, params: Ar1 | Sequence[Ar1]) -> None:
-        self.rng = rng
+    Each job draws from its own stream, seeded by the run's ``seed`` and the job's id: a job
+    has the same process and the same factors, window by window from its start, whichever
+    other jobs run beside it — so policies compared on one seed face the same need per job
+    (common random numbers), not draws reshuffled by the order jobs happen to start in."""
+
+    def __init__(self, seed: int, params: Ar1 | Sequence[Ar1]) -> None:
+        self.seed = int(seed)
         self.params = params
-        self.state: dict[str, tuple[float, Ar1]] = {}  # job -> (log factor, its process)
+        self.state: dict[str, tuple[float, Ar1, np.random.Generator]] = {}  # job -> (log factor, process, stream)
 
-    def _draw(self) -> Ar1:
-        if isinstance(self.params, Ar1):
-            return self.params
-        return self.params[int(self.rng.integers(len(self.params)))]
+    def _stream(self, jid: str) -> np.random.Generator:
+        key = int.from_bytes(hashlib.blake2b(jid.encode(), digest_size=8).digest(), "little")
+        return np.random.default_rng([self.seed, key])
 
     def step(self, jobs: Iterable[str]) -> dict[str, float]:
         """The factors of ``jobs`` for the coming window; jobs not listed are forgotten. A new
@@ -71,12 +76,13 @@ class NeedProcess:
         for jid in jobs:
             prev = self.state.get(jid)
             if prev is None:
-                p = self._draw()
-                e = float(self.rng.standard_normal()) * p.sd_log
+                rng = self._stream(jid)
+                p = self.params if isinstance(self.params, Ar1) else self.params[int(rng.integers(len(self.params)))]
+                e = float(rng.standard_normal()) * p.sd_log
             else:
-                e, p = prev
-                e = p.corr * e + float(self.rng.standard_normal()) * p.sd_log * math.sqrt(1.0 - p.corr * p.corr)
-            state[jid] = (e, p)
+                e, p, rng = prev
+                e = p.corr * e + float(rng.standard_normal()) * p.sd_log * math.sqrt(1.0 - p.corr * p.corr)
+            state[jid] = (e, p, rng)
             out[jid] = math.exp(e - 0.5 * p.sd_log * p.sd_log)
         self.state = state
         return out

@@ -220,7 +220,7 @@ class SimInference:
         self.use_hist: dict[str, deque[float]] = {n.name: deque() for n in self.train_nodes}
         self.need_scale = need_scale  # on every job's input cost: the level of training's need
         v = sec.need_variation  # each job's need factor per window (reamer.workloads.need)
-        self.need = (None if v == 0 else NeedProcess(rng, pai2020_variation() if v == "pai2020"
+        self.need = (None if v == 0 else NeedProcess(int(rng.integers(2**63)), pai2020_variation() if v == "pai2020"
                                                       else Ar1(float(v), sec.need_corr)))
         self.inference_slow: dict[str, float] = {}  # node -> service-time stretch from CPU contention
         self._busy_key: tuple | None = None  # (window, replicas) of the busy shares remembered
