@@ -285,3 +285,21 @@ def test_a_worker_that_stops_reporting_is_killed_and_the_job_restarts(world):
     c.observe(2.0)
     assert [(f[1], f[2]) for f in c.failures] == [("j", f"j/worker2 stopped reporting for {c.hung_after_s:g} s")]
     assert _spawned(world) == [("j.ps0", True), ("j.worker1", False), ("j.worker2", False)]
+
+
+def test_closing_with_a_checkpoint_stops_every_job_and_records_its_progress(world, tmp_path):
+    """An interrupted run (``close(checkpoint=True)``): every running job's workers leave at
+    once, its PS checkpoints what they reached, and the record keeps that progress for a resume."""
+    from reamer.backends.local.runstate import RunState, read_state
+
+    c = world.cluster
+    c.record = RunState(scenario="t", digest="d", controller_pid=1, started_wall=0.0)
+    for w in world.workers:
+        w.run(20)
+    c.close(checkpoint=True)
+    workers = {c.cgroup_name(cid) for cid in c.state.jobs["j"].containers if "/worker" in cid}
+    assert {op[1] for op in world.ops if op[0] == "sigterm"} >= workers
+    rec = read_state(tmp_path).jobs[0]
+    assert rec.status == "running" and rec.start_step == 20 and rec.samples_base == 400  # 20 steps × 2 × batch 10
+    assert json.loads((tmp_path / "checkpoints" / "j" / "manifest.json").read_text())["step"] == 20
+    assert not c.runs["j"].procs

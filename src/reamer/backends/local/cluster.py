@@ -199,18 +199,29 @@ class LocalCluster:
         exits; anything still running after ``stop_timeout_s`` is killed. The progress they
         reported is banked."""
         run = self.runs[jid]
+        self._leave(run, workers)
+        self._wait(run)
+        self._bank(jid, run)
+
+    @staticmethod
+    def _leave(run: _Run, workers: Sequence[str]) -> None:
+        """Ask ``workers`` to leave after their current step (SIGTERM)."""
         for cid in workers:
             if cid in run.procs:
                 run.procs[cid].signal(signal.SIGTERM)
-        self._wait(run)
+
+    def _bank(self, jid: str, run: _Run) -> None:
+        """Read a stopped job's progress, release its processes and bank what they reported."""
         self._collect(run)
         self._release(run)
         run.samples_base = run.samples_done(self.state.jobs[jid].spec.batch)
         run.start_step = run.reached = max(run.progress.values(), default=run.start_step)  # banked up to here
         run.progress = {}
 
-    def _wait(self, run: _Run) -> None:
-        deadline = self.clock() + self.stop_timeout_s
+    def _wait(self, run: _Run, deadline: float | None = None) -> None:
+        """Wait for the job's processes until ``deadline`` (default: ``stop_timeout_s`` from
+        now), then kill what is left."""
+        deadline = self.clock() + self.stop_timeout_s if deadline is None else deadline
         for p in run.procs.values():
             if p.wait(max(0.1, deadline - self.clock())) is None:
                 p.kill()
@@ -533,11 +544,26 @@ class LocalCluster:
         """Stop every process and remove every cgroup this backend created (idempotent). With
         ``checkpoint``, running jobs first leave cleanly (their PS write a last checkpoint, at
         most ``stop_timeout_s``) and the durable record keeps their progress for a resume."""
-        if checkpoint:
+        if checkpoint:  # every job's workers leave at once; all of them get one stop_timeout_s
+            leaving = []
             for jid in list(self.state.running):
-                with contextlib.suppress(Exception):
-                    self._stop(jid, [cid for cid in run.procs
-                                     if self.state.jobs[jid].containers[cid].role is Role.WORKER])
+                run = self.runs.get(jid)
+                if run is None:
+                    continue
+                containers = self.state.jobs[jid].containers
+                try:
+                    self._leave(run, [cid for cid in run.procs
+                                      if cid in containers and containers[cid].role is Role.WORKER])
+                    leaving.append((jid, run))
+                except Exception:
+                    log.exception("%s: could not ask its workers to leave", jid)
+            deadline = self.clock() + self.stop_timeout_s
+            for jid, run in leaving:
+                try:
+                    self._wait(run, deadline)
+                    self._bank(jid, run)
+                except Exception:
+                    log.exception("%s: its progress could not be banked at the stop", jid)
             self.persist()
         for run in self.runs.values():
             with contextlib.suppress(Exception):
