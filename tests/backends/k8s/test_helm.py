@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
