@@ -66,6 +66,7 @@ class World:
         self.ops: list[tuple] = []
         self.version = 0
         self.workers: list = []
+        self.ps_waits = False  # a PS keeps waiting for workers that will not come, until SIGTERM
 
     def proc(self, argv, cgroup, executor, log, env, clock):
         world = self
@@ -106,11 +107,14 @@ class World:
 
             def signal(self, sig):
                 world.ops.append(("sigterm", cgroup))
+                self.termed = True
                 if self.live and role == "worker":
                     self.lines.append(Line(0.0, {"event": "stopped", "step": self.step}))
                     self.live = False
 
             def wait(self, timeout):
+                if role == "ps" and world.ps_waits and not getattr(self, "termed", False):
+                    return None
                 if role == "ps":  # it checkpoints what its workers reached
                     world.version = max([world.version] + [w.step for w in world.workers if not w.live])
                     ckpt = Path(args[args.index("--checkpoint") + 1])
@@ -120,6 +124,7 @@ class World:
                 return 0
 
             def kill(self):
+                world.ops.append(("kill", cgroup))
                 self.live = False
 
             def close(self):
@@ -157,7 +162,8 @@ def test_reshape_banks_progress_stops_the_old_shape_and_resumes_the_new_one(worl
         w.run(10)
     world.ops.clear()
     world.cluster.actuate([AddContainer("j", Placement(Role.PS, "b", Resources(1, 512)))], 5.0)
-    assert [op[1] for op in world.ops if op[0] == "sigterm"] == ["j.worker1", "j.worker2"]  # workers leave first
+    # workers leave first; then the PS is asked to checkpoint and exit (it would wait for workers that died)
+    assert [op[1] for op in world.ops if op[0] == "sigterm"] == ["j.worker1", "j.worker2", "j.ps0"]
     # the new PS set resumes from the checkpoint; workers start from the step it reports
     assert _spawned(world) == [("j.ps0", True), ("j.ps3", True), ("j.worker1", False), ("j.worker2", False)]
     view = world.cluster.observe(6.0).running[0]
@@ -303,3 +309,17 @@ def test_closing_with_a_checkpoint_stops_every_job_and_records_its_progress(worl
     assert rec.status == "running" and rec.start_step == 20 and rec.samples_base == 400  # 20 steps × 2 × batch 10
     assert json.loads((tmp_path / "checkpoints" / "j" / "manifest.json").read_text())["step"] == 20
     assert not c.runs["j"].procs
+
+
+def test_a_ps_whose_workers_are_gone_is_asked_to_checkpoint_and_exit(world, tmp_path):
+    """A worker that dies before it connects (or is killed) never says BYE: its PS would wait
+    for it until the stop's deadline and be killed without a checkpoint. Once the workers are
+    gone, the PS is asked to leave (SIGTERM) and checkpoints."""
+    world.ps_waits = True
+    for w in world.workers:
+        w.run(20)
+    world.workers[-1].live = False  # died without a word
+    world.cluster.close(checkpoint=True)
+    ps = world.cluster.cgroup_name(next(cid for cid in world.cluster.state.jobs["j"].containers if "/ps" in cid))
+    assert ("sigterm", ps) in world.ops and ("kill", ps) not in world.ops
+    assert json.loads((tmp_path / "checkpoints" / "j" / "manifest.json").read_text())["step"] == 20

@@ -200,7 +200,7 @@ class LocalCluster:
         reported is banked."""
         run = self.runs[jid]
         self._leave(run, workers)
-        self._wait(run)
+        self._wait(run, then=[cid for cid in run.procs if cid not in workers])
         self._bank(jid, run)
 
     @staticmethod
@@ -218,12 +218,22 @@ class LocalCluster:
         run.start_step = run.reached = max(run.progress.values(), default=run.start_step)  # banked up to here
         run.progress = {}
 
-    def _wait(self, run: _Run, deadline: float | None = None) -> None:
+    def _wait(self, run: _Run, deadline: float | None = None, then: Sequence[str] = ()) -> None:
         """Wait for the job's processes until ``deadline`` (default: ``stop_timeout_s`` from
-        now), then kill what is left."""
+        now), then kill what is left. ``then`` (its PS shards, when its workers were asked to
+        leave) are asked to checkpoint and exit (SIGTERM) once the others are gone: a PS
+        whose workers died or never connected would wait for them until the deadline."""
         deadline = self.clock() + self.stop_timeout_s if deadline is None else deadline
-        for p in run.procs.values():
-            if p.wait(max(0.1, deadline - self.clock())) is None:
+        for cid, p in run.procs.items():
+            if cid not in then and p.wait(max(0.1, deadline - self.clock())) is None:
+                p.kill()
+        for cid in then:
+            p = run.procs.get(cid)
+            if p is not None and p.alive():
+                p.signal(signal.SIGTERM)
+        for cid in then:
+            p = run.procs.get(cid)
+            if p is not None and p.wait(max(0.1, deadline - self.clock())) is None:
                 p.kill()
 
     def _release(self, run: _Run) -> None:
@@ -551,16 +561,16 @@ class LocalCluster:
                 if run is None:
                     continue
                 containers = self.state.jobs[jid].containers
+                workers = [cid for cid in run.procs if cid in containers and containers[cid].role is Role.WORKER]
                 try:
-                    self._leave(run, [cid for cid in run.procs
-                                      if cid in containers and containers[cid].role is Role.WORKER])
-                    leaving.append((jid, run))
+                    self._leave(run, workers)
+                    leaving.append((jid, run, [cid for cid in run.procs if cid not in workers]))
                 except Exception:
                     log.exception("%s: could not ask its workers to leave", jid)
             deadline = self.clock() + self.stop_timeout_s
-            for jid, run in leaving:
+            for jid, run, ps in leaving:
                 try:
-                    self._wait(run, deadline)
+                    self._wait(run, deadline, then=ps)
                     self._bank(jid, run)
                 except Exception:
                     log.exception("%s: its progress could not be banked at the stop", jid)
