@@ -199,16 +199,22 @@ class LocalCluster:
         exits; anything still running after ``stop_timeout_s`` is killed. The progress they
         reported is banked."""
         run = self.runs[jid]
-        self._leave(run, workers)
-        self._wait(run, then=[cid for cid in run.procs if cid not in workers])
+        self._wait(run, then=self._leave(run, workers))
         self._bank(jid, run)
 
     @staticmethod
-    def _leave(run: _Run, workers: Sequence[str]) -> None:
-        """Ask ``workers`` to leave after their current step (SIGTERM)."""
+    def _leave(run: _Run, workers: Sequence[str]) -> list[str]:
+        """Ask ``workers`` to leave after their current step (SIGTERM); returns the job's other
+        processes (its PS shards), to be asked once the workers are gone (:meth:`_wait`)."""
         for cid in workers:
             if cid in run.procs:
                 run.procs[cid].signal(signal.SIGTERM)
+        return [cid for cid in run.procs if cid not in workers]
+
+    def _worker_procs(self, jid: str, run: _Run) -> list[str]:
+        """The job's processes that are workers (container ids)."""
+        containers = self.state.jobs[jid].containers
+        return [cid for cid in run.procs if cid in containers and containers[cid].role is Role.WORKER]
 
     def _bank(self, jid: str, run: _Run) -> None:
         """Read a stopped job's progress, release its processes and bank what they reported."""
@@ -402,7 +408,7 @@ class LocalCluster:
         reason = "; ".join([f"{', '.join(dead)} exited"] * bool(dead)
                            + [f"{', '.join(hung)} stopped reporting for {self.hung_after_s:g} s"] * bool(hung))
         log.warning("job %s: %s before the job was done", jid, reason)
-        self._stop(jid, [cid for cid in run.procs if cid in j.containers and j.containers[cid].role is Role.WORKER])
+        self._stop(jid, self._worker_procs(jid, run))
         n = self.restart_count.get(jid, 0)
         self.restart_count[jid] = n + 1
         if n >= self.max_restarts:
@@ -560,11 +566,8 @@ class LocalCluster:
                 run = self.runs.get(jid)
                 if run is None:
                     continue
-                containers = self.state.jobs[jid].containers
-                workers = [cid for cid in run.procs if cid in containers and containers[cid].role is Role.WORKER]
                 try:
-                    self._leave(run, workers)
-                    leaving.append((jid, run, [cid for cid in run.procs if cid not in workers]))
+                    leaving.append((jid, run, self._leave(run, self._worker_procs(jid, run))))
                 except Exception:
                     log.exception("%s: could not ask its workers to leave", jid)
             deadline = self.clock() + self.stop_timeout_s
