@@ -12,10 +12,11 @@ a shared NIC or by CPU contention does less work, not longer — its slowdown is
 arrives, so GPU packing stays at the target (the realised ``gpu_alloc_pct`` is reported) while
 the CPU requested and used on each node changes (new pods land on nodes whose spare CPU
 inference may hold). An openb pod's shape is fixed: one PS,
-its GPUs as workers; NEARCHUS may resize its CPU, not add workers or PS. openb pods are single
-pods, so their gradient traffic stays in the host; the simulator's PS model has no in-host
-path, so GPU nodes get a ``--nic-gbps`` (default 100, a lower bound of in-host bandwidth;
-DGX-1-class servers carry 4 × 100 Gb/s) NIC. Inference: five services (ResNet-50,
+its GPUs as workers; NEARCHUS may resize its CPU, not add workers or PS. An openb pod is one
+pod (``TrainingJob.one_node``): its PS and workers are placed on one node, and their gradient
+traffic stays in the host, off the NIC; the simulator runs in-host traffic at the node's link
+rate, so GPU nodes get a ``--nic-gbps`` of 100 by default (a lower bound of in-host
+bandwidth; DGX-1-class servers carry 4 × 100 Gb/s on their NICs alone). Inference: five services (ResNet-50,
 MobileNet-v2, BERT-base, VGG-16, DeepSpeech2-style) on seeded diurnal rates whose peak needs,
 as sized by the policies, ``peak_load`` × the GPU-node cores left unrequested at 70 % packing
 (the same seed), split evenly. A dedicated CPU pool takes what is not harvested. Training's
@@ -182,7 +183,7 @@ def jobs_of(arrivals, rng: np.random.Generator, nic_gbps: float) -> list[Trainin
         seen[name] = seen.get(name, 0) + 1
         jid = name if seen[name] == 1 else f"{name}.{seen[name]}"
         jobs.append(TrainingJob(jid, model, t, speed * life, 1, workers, p_res, w_res,
-                                ZOO[model].batch, max_ps=1, max_workers=workers, duration_s=life))
+                                ZOO[model].batch, max_ps=1, max_workers=workers, duration_s=life, one_node=True))
     return jobs
 
 
@@ -266,8 +267,9 @@ def main() -> int:
                     help="every model's input cost × this, or pai2020 (calibrated so that 15.51%% of the GPU jobs "
                          "need more CPU than they request, PAI's share)")
     ap.add_argument("--nic-gbps", type=float, default=100.0,
-                    help="GPU-node NIC (openb pods are single pods: their gradient traffic stays in the host; "
-                         "100 Gb/s is a lower bound for that, DGX-1-class servers carry 4 x 100 Gb/s)")
+                    help="GPU-node link rate (openb pods are single pods: their gradient traffic stays in the "
+                         "host, at this rate; 100 Gb/s is a lower bound for that, DGX-1-class servers carry "
+                         "4 x 100 Gb/s on their NICs alone)")
     ap.add_argument("--training-qos", choices=QOS, nargs="+", default=list(QOS),
                     help="training pods' CPU QoS, each run under every one given: guaranteed (limit = request) and "
                          "burstable (no CPU limit: an input-bound GPU worker runs on its node's idle cores)")

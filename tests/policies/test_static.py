@@ -84,3 +84,15 @@ def test_grouped_queue_decides_as_a_scan_of_the_whole_queue(rounds, backfill):
         assert got == want
         for d in got:
             state.apply(d, t)
+
+
+def test_a_job_that_is_one_pod_starts_on_one_node_or_waits():
+    """``one_node``: PS and workers go to one node that fits them together; spread over two
+    nodes the same request would fit, on one it waits."""
+    pod = TrainingJob("p", "resnet50", 0.0, 1e4, 1, 2, Resources(1, 1024), Resources(3, 1024), one_node=True)
+    (d,) = Static().decide(snap([5, 8], pod))
+    assert {p.node for p in d.placements} == {"n1"} and len(d.placements) == 3
+    assert Static().decide(snap([5, 5], pod)) == []
+    spread = TrainingJob("s", "resnet50", 0.0, 1e4, 1, 2, Resources(1, 1024), Resources(3, 1024))
+    (d,) = Static().decide(snap([5, 5], pod, spread))  # the same request as several pods does fit
+    assert d.job == "s" and len({p.node for p in d.placements}) == 2

@@ -58,15 +58,18 @@ class InvalidDecision(ValueError):
     """A policy asked for something impossible (a bug in the policy, never ignored)."""
 
 
-def check_start(d: StartJob, free: Mapping[str, Resources]) -> None:
+def check_start(d: StartJob, free: Mapping[str, Resources], one_node: bool = False) -> None:
     """A gang start every backend accepts: the placements fit the nodes' free resources
-    together, and the job gets at least one PS and one worker."""
+    together, the job gets at least one PS and one worker, and (``one_node``: a job that is
+    one pod) all of them are on one node."""
     need: dict[str, Resources] = {}
     for p in d.placements:
         need[p.node] = need.get(p.node, Resources()) + p.res
     for node, res in need.items():
         if node not in free or not res.fits_in(free[node]):
             raise InvalidDecision(f"start {d.job}: {res} does not fit on {node}")
+    if one_node and len(need) > 1:
+        raise InvalidDecision(f"start {d.job}: a one-node job placed on {len(need)} nodes ({', '.join(sorted(need))})")
     roles = {p.role for p in d.placements}
     if Role.PS not in roles or Role.WORKER not in roles:
         raise InvalidDecision(f"start {d.job}: needs at least one PS and one worker")

@@ -20,6 +20,9 @@ class TrainingJob:
     lifetime: the job completes at its first start + ``duration_s`` whatever its speed, having
     done the samples its speed allowed (``samples`` is then only its nominal size, e.g. the work
     at its request speed, which policies may read; its progress is not capped by it).
+
+    ``one_node``: the job's PS and workers are the containers of one pod (openb's GPU pods): they
+    are placed on one node, and their gradient traffic stays in the host, off the NIC.
     """
 
     id: str
@@ -35,6 +38,7 @@ class TrainingJob:
     max_workers: int = 16
     max_cores_per_container: float = 16.0
     duration_s: float | None = None
+    one_node: bool = False
 
     def __post_init__(self) -> None:
         if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):

@@ -351,7 +351,7 @@ class Nearchus:
                 return []
             expect = self._expected_gbps(job, role, tel)
             p = free.place_one(role, tmpl, self.cfg.placement, self._crowd, keep_gpus=True,
-                               allowed=self._nic_ok(free, expect), gpu_fit=self.cfg.gpu_fit)
+                               allowed=free.home(job, self._nic_ok(free, expect)), gpu_fit=self.cfg.gpu_fit)
             if p is None:
                 return []
             self._crowd[free.index[p.node]] += 1
@@ -463,13 +463,14 @@ class Nearchus:
         failed: set[tuple] = set()
         for job in snap.queue:
             s = job.spec
-            key = (s.ps_res, s.worker_res)
+            key = (s.ps_res, s.worker_res, s.one_node)
             if key in failed:
                 continue
             for k, shape in enumerate(self._shapes(s)):
                 if k > 0 and thin_ok is False:
                     thin_ok = self._nic_ok(free)
-                placed = free.place_gang(shape, self.cfg.placement, thin_ok if k > 0 else None, self.cfg.gpu_fit)
+                placed = free.place_gang(shape, self.cfg.placement, thin_ok if k > 0 else None, self.cfg.gpu_fit,
+                                         s.one_node)
                 if placed is not None:
                     out.append(StartJob(job.id, placed))
                     self.jobs.pop(job.id, None)  # a restarted job's state goes to the end, new
@@ -504,7 +505,7 @@ class Nearchus:
                     dec.append(Resize(c.id, new))
             for _ in range(spec.workers - len(job.of_role(Role.WORKER))):
                 p = free.place_one(Role.WORKER, spec.worker_res, self.cfg.placement, self._crowd, keep_gpus=True,
-                                   gpu_fit=self.cfg.gpu_fit)
+                                   allowed=free.home(job), gpu_fit=self.cfg.gpu_fit)
                 if p is None:
                     short = True
                     break
@@ -521,7 +522,7 @@ class Nearchus:
         node that needs the least taken back, revoking increments there, least gain per core first."""
         head = snap.queue[0].spec
         need = [(Role.PS, head.ps_res), (Role.WORKER, head.worker_res)]
-        trial = free.place_gang(need, self.cfg.placement, gpu_fit=self.cfg.gpu_fit)
+        trial = free.place_gang(need, self.cfg.placement, gpu_fit=self.cfg.gpu_fit, one_node=head.one_node)
         if trial is not None:
             for p in trial:
                 free.release(p)

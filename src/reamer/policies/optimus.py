@@ -272,16 +272,18 @@ class Optimus:
                 continue
             p, w = target[job.id]
             s = job.spec
-            placed = free.place_gang([(Role.PS, s.ps_res)] * p + [(Role.WORKER, s.worker_res)] * w, self.cfg.placement)
+            placed = free.place_gang([(Role.PS, s.ps_res)] * p + [(Role.WORKER, s.worker_res)] * w, self.cfg.placement,
+                                     one_node=s.one_node)
             if placed is None:
-                placed = free.place_gang([(Role.PS, s.ps_res), (Role.WORKER, s.worker_res)], self.cfg.placement)
+                placed = free.place_gang([(Role.PS, s.ps_res), (Role.WORKER, s.worker_res)], self.cfg.placement,
+                                         one_node=s.one_node)
             if placed is not None:
                 out.append(StartJob(job.id, placed))
                 self.jobs[job.id] = _Job(since=snap.now)
         for job, role, n in adds:
             res = job.spec.ps_res if role is Role.PS else job.spec.worker_res
             for _ in range(n):
-                pl = free.place_one(role, res, self.cfg.placement)
+                pl = free.place_one(role, res, self.cfg.placement, allowed=free.home(job))
                 if pl is None:
                     break
                 out.append(AddContainer(job.id, pl))

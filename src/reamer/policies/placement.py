@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from reamer.domain import ClusterSnapshot, Resources, Role
+from reamer.domain import ClusterSnapshot, JobView, Resources, Role
 from reamer.domain.decisions import Placement
 
 Strategy = Literal["spread", "pack"]
@@ -105,9 +105,15 @@ class FreeMap:
             self._unfit.clear()
 
     def place_gang(self, wants: Sequence[tuple[Role, Resources]], strategy: Strategy = "pack",
-                   allowed: np.ndarray | None = None, gpu_fit: bool = False) -> tuple[Placement, ...] | None:
-        """Place all containers or none (largest first, so big ones are not starved)."""
+                   allowed: np.ndarray | None = None, gpu_fit: bool = False,
+                   one_node: bool = False) -> tuple[Placement, ...] | None:
+        """Place all containers or none (largest first, so big ones are not starved);
+        ``one_node``: all on one node that fits them together (a job that is one pod)."""
         order = sorted(wants, key=lambda rw: (rw[1].gpu, rw[1].cpu, rw[1].mem_mib), reverse=True)
+        if one_node:
+            total = Resources(sum(r.cpu for _, r in wants), sum(r.mem_mib for _, r in wants),
+                              sum(r.gpu for _, r in wants))
+            allowed = self.fits(total) if allowed is None else self.fits(total) & allowed
         done: list[Placement] = []
         for role, res in order:
             p = self.place_one(role, res, strategy, allowed=allowed, gpu_fit=gpu_fit)
@@ -116,4 +122,20 @@ class FreeMap:
                     self.release(q)
                 return None
             done.append(p)
+            if one_node:
+                allowed = self.only(p.node)
         return tuple(done)
+
+    def only(self, node: str) -> np.ndarray:
+        """The mask (per node, bool) that allows ``node`` alone."""
+        mask = np.zeros(len(self.names), dtype=bool)
+        mask[self.index[node]] = True
+        return mask
+
+    def home(self, job: JobView, allowed: np.ndarray | None = None) -> np.ndarray | None:
+        """Where a container added to ``job`` may go: ``allowed`` (None: anywhere), narrowed to
+        the job's node when the job is one pod (``one_node``)."""
+        if not job.spec.one_node or not job.containers:
+            return allowed
+        mask = self.only(job.containers[0].node)
+        return mask if allowed is None else mask & allowed

@@ -43,9 +43,9 @@ def request_of(spec: TrainingJob) -> list[tuple[Role, object]]:
 
 
 def shape_of(spec: TrainingJob) -> tuple[float, ...]:
-    """A job's request as plain numbers (jobs with the same one place alike)."""
+    """A job's request as plain numbers, and whether it is one pod (jobs with the same place alike)."""
     p, w = spec.ps_res, spec.worker_res
-    return (spec.ps, p.cpu, p.mem_mib, p.gpu, spec.workers, w.cpu, w.mem_mib, w.gpu)
+    return (spec.ps, p.cpu, p.mem_mib, p.gpu, spec.workers, w.cpu, w.mem_mib, w.gpu, spec.one_node)
 
 
 @dataclass
@@ -109,7 +109,7 @@ class Static:
             job = g.jobs[k]
             placed = None
             if all(need <= have * (1 + 1e-9) + 1e-6 for need, have in zip(g.total, left, strict=True)):
-                placed = free.place_gang(request_of(job.spec), self.cfg.placement)
+                placed = free.place_gang(request_of(job.spec), self.cfg.placement, one_node=job.spec.one_node)
             if placed is None:  # this request does not fit now, nor will it later this round
                 if not self.cfg.backfill:
                     break

@@ -116,14 +116,15 @@ def test_restart_pause_reports_no_telemetry_and_speed_counts_after_it():
 
 
 def _crowded(nic_gbps=10.0):
-    """Six network-heavy jobs (vgg16 on GPUs, one 1-core PS each) all on one node's NIC."""
+    """Six network-heavy jobs (vgg16 on GPUs, one 1-core PS each): their workers on one node
+    and their PS on another, so all their traffic shares those two nodes' NICs."""
     events = {}
-    c = SimCluster([Node("n0", 64, 65536, 12, nic_gbps=nic_gbps)], CAL, np.random.default_rng(0),
-                   lambda jid, t, v: events.__setitem__(jid, t))
+    c = SimCluster([Node("n0", 64, 65536, 12, nic_gbps=nic_gbps), Node("p0", 64, 65536, 0, nic_gbps=nic_gbps)], CAL,
+                   np.random.default_rng(0), lambda jid, t, v: events.__setitem__(jid, t))
     specs = [TrainingJob(f"j{k}", "vgg16", 0.0, 1e6, 1, 2, Resources(1, 512), Resources(4, 512, 1)) for k in range(6)]
     for s in specs:
         c.arrive(s, 0.0)
-    start = [StartJob(s.id, (Placement(Role.PS, "n0", s.ps_res),) + (Placement(Role.WORKER, "n0", s.worker_res),) * 2)
+    start = [StartJob(s.id, (Placement(Role.PS, "p0", s.ps_res),) + (Placement(Role.WORKER, "n0", s.worker_res),) * 2)
              for s in specs]
     return c, specs, start, events
 
@@ -147,7 +148,7 @@ def test_a_policy_that_adds_flows_slows_the_neighbours_until_they_are_gone():
     c, _, start, _ = _crowded()
     c.actuate(start, 0.0)
     before, own = c.jobs["j1"].step.speed, c.jobs["j0"].step.speed
-    c.actuate([AddContainer("j0", Placement(Role.PS, "n0", Resources(1, 512)))], 10.0)
+    c.actuate([AddContainer("j0", Placement(Role.PS, "p0", Resources(1, 512)))], 10.0)
     assert c.jobs["j1"].step.speed < before and c.jobs["j0"].step.speed > own
     (ps2,) = [x for x in c.state.jobs["j0"].containers.values() if x.role is Role.PS][1:]
     c.actuate([RemoveContainer(ps2.id)], 20.0)
@@ -155,8 +156,27 @@ def test_a_policy_that_adds_flows_slows_the_neighbours_until_they_are_gone():
     lone, _, start, _ = _crowded(nic_gbps=1e5)
     lone.actuate(start, 0.0)
     before = lone.jobs["j1"].step.speed
-    lone.actuate([AddContainer("j0", Placement(Role.PS, "n0", Resources(1, 512)))], 10.0)
+    lone.actuate([AddContainer("j0", Placement(Role.PS, "p0", Resources(1, 512)))], 10.0)
     assert lone.jobs["j1"].step.speed == pytest.approx(before, rel=1e-6)
+
+
+def test_a_job_on_one_node_talks_in_the_host_off_the_nic():
+    """A job whose PS and workers share a node puts no flow on its NIC: a neighbour given a
+    second PS does not slow it, and it does not slow the neighbours; moved across nodes, its
+    traffic is on the NIC again."""
+    c, specs, start, _ = _crowded()
+    local = TrainingJob("h", "vgg16", 0.0, 1e6, 1, 2, Resources(1, 512), Resources(4, 512, 1))
+    c.arrive(local, 0.0)
+    c.actuate(start[:5] + [StartJob("h", (Placement(Role.PS, "n0", local.ps_res),)
+                                    + (Placement(Role.WORKER, "n0", local.worker_res),) * 2)], 0.0)
+    alone = c.jobs["h"].step.speed
+    flows = list(c._flows["n0"])
+    c.actuate([AddContainer("j0", Placement(Role.PS, "p0", Resources(1, 512)))], 10.0)
+    assert c.jobs["h"].step.speed == alone
+    assert c.jobs["h"].flows == ()
+    assert c._flows["n0"][1] == pytest.approx(flows[1])  # no flow of its own, as requested or now
+    c.actuate([AddContainer("h", Placement(Role.PS, "p0", Resources(1, 512)))], 20.0)
+    assert {n for n, _, _ in c.jobs["h"].flows} == {"n0", "p0"}
 
 
 def test_a_trace_replays_at_its_recorded_durations_under_static(tmp_path):

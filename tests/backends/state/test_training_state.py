@@ -125,6 +125,18 @@ def test_every_backend_refuses_the_same_decisions_and_keeps_its_state(backend, w
     assert after == before
 
 
+def test_a_job_that_is_one_pod_is_refused_a_second_node():
+    st = ClusterState(NODES)
+    st.submit(TrainingJob("p", "resnet50", 0.0, 1e5, 1, 1, Resources(1, 512), Resources(2, 512), one_node=True), 0.0)
+    with pytest.raises(InvalidDecision, match="one-node job placed on 2 nodes"):
+        st.apply(StartJob("p", START.placements), 0.0)
+    st.apply(StartJob("p", (Placement(Role.PS, "a", Resources(1, 512)), Placement(Role.WORKER, "a", Resources(2, 512)))),
+             0.0)
+    with pytest.raises(InvalidDecision, match="stay on a, not b"):
+        st.apply(AddContainer("p", Placement(Role.WORKER, "b", Resources(2, 512))), 1.0)
+    assert [c.node for c in st.apply(AddContainer("p", Placement(Role.WORKER, "a", Resources(2, 512))), 1.0).added] == ["a"]
+
+
 def test_growth_is_what_decisions_are_about_to_take():
     st = _state()
     st.submit(TrainingJob("k", "resnet50", 0.0, 1e5, 1, 1, Resources(0.5, 256), Resources(1, 256)), 0.0)

@@ -10,6 +10,8 @@ met is in that duration. The NIC model changes a job's speed only relative to th
 container's bandwidth is the link's, scaled by the node's flows *as requested* over its flows
 *now* (:meth:`SimCluster._bw`). Under ``static`` the two are equal and every job runs at its
 recorded speed; when a policy changes a job's shape, it and its neighbours gain or lose.
+A job whose containers are all on one node talks in the host: its traffic puts no flow on the
+NIC, and its links run at the node's link rate whatever the NIC carries.
 
 Telemetry is the speed model plus seeded multiplicative noise, so policies face noise as on
 real machines.
@@ -68,7 +70,8 @@ class _Run:
     w_ref: float = 0.0  # its network share of a step at its request on full links (flows as requested)
     flows: tuple[tuple[str, float, float], ...] = ()  # (node, flow now, flow as requested) it adds, per container
     # its containers as the speed model takes them: (workers' (cores, GPUs, threads), PS' (cores,
-    # threads), worker nodes, PS nodes); None: to be rebuilt (an effect or a burst changed them)
+    # threads), worker nodes, PS nodes, the link rate of its one node (in-host) or 0.0 (on the
+    # NIC)); None: to be rebuilt (an effect or a burst changed them)
     shape: tuple | None = None
 
 
@@ -277,7 +280,8 @@ class SimCluster:
         for jid, j, since in due:
             speed = (j.done - j.tel_done) / (now - since) * noise[k]
             containers = tuple(j.rec.containers.values())
-            caps = [self._bw(c) for c in containers]  # as of now
+            host = self._host_link(j)
+            caps = [host or self._bw(c) for c in containers]  # as of now
             cores = [self._cores(c) for c in containers] if self.burst else None
             readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1, cores))
             out[jid] = JobTelemetry(since, max(0.0, speed), readings)
@@ -371,7 +375,7 @@ class SimCluster:
             f[1] -= ref
         touched = {node for node, _, _ in j.flows}
         containers = j.rec.containers.values()
-        if not containers:
+        if not containers or self._host_link(j):
             j.flows = ()
             self._set_bw(touched)
             return
@@ -391,6 +395,12 @@ class SimCluster:
             touched.add(c.node)
         j.flows = tuple(out)
         self._set_bw(touched)
+
+    def _host_link(self, j: _Run) -> float:
+        """The link rate of the job's one node when all its containers are there (their traffic
+        stays in the host); 0.0 when they span nodes (their traffic is on the NIC) or it has none."""
+        nodes = {c.node for c in j.rec.containers.values()}
+        return self.state.node_by_name[nodes.pop()].nic_gbps if len(nodes) == 1 else 0.0
 
     def _set_bw(self, nodes: Iterable[str]) -> None:
         by_name, bw = self.state.node_by_name, self._node_bw
@@ -567,11 +577,14 @@ class SimCluster:
                 else:
                     ps.append((c.res.cpu, None))
                     ps_nodes.add(c.node)
-            shape = j.shape = (tuple(workers), tuple(ps), tuple(w_nodes), tuple(ps_nodes))
-        workers, ps, w_nodes, ps_nodes = shape
-        bw = self._node_bw
-        bw_w = min((bw[n] for n in w_nodes), default=math.inf)
-        bw_ps = min((bw[n] for n in ps_nodes), default=math.inf)
+            shape = j.shape = (tuple(workers), tuple(ps), tuple(w_nodes), tuple(ps_nodes), self._host_link(j))
+        workers, ps, w_nodes, ps_nodes, host = shape
+        if host:
+            bw_w = bw_ps = host
+        else:
+            bw = self._node_bw
+            bw_w = min((bw[n] for n in w_nodes), default=math.inf)
+            bw_ps = min((bw[n] for n in ps_nodes), default=math.inf)
         k = 1.0
         if self.contention:
             k = min((self.contention.get(n, 1.0) for n in (*w_nodes, *ps_nodes)), default=1.0)

@@ -331,7 +331,7 @@ class ClusterState:
         j = self._job(d.job, JobState.QUEUED)
         for p in d.placements:
             self._check_placement(p)
-        check_start(d, self.free)
+        check_start(d, self.free, j.spec.one_node)
         containers = tuple(self._place(j, p) for p in d.placements)
         del self.queue[d.job]
         self.running[d.job] = None
@@ -363,6 +363,9 @@ class ClusterState:
         self._check_placement(p)
         if not p.res.fits_in(self.free[p.node]):
             raise InvalidDecision(f"{p.res} does not fit on {p.node} (free {self.free[p.node]})")
+        home = {c.node for c in j.containers.values()}
+        if j.spec.one_node and p.node not in home:
+            raise InvalidDecision(f"add to {j.spec.id}: a one-node job's containers stay on {min(home)}, not {p.node}")
         self._changed(j, now)
         return Reshape(j.spec.id, added=(self._place(j, p),))
 
