@@ -38,11 +38,11 @@ allocates training's CPU and inference moves first; Reamer's slack uses the meas
 p95 use — capped by NEARCHUS's limits) and ``nearchus+reamer-uncoordinated`` (the two loops
 on their own, the harvester seeing training only through its measured use). NEARCHUS runs
 with ``trim_ps: false`` here: on these GPU pods a PS trim slowed its job by more than 1 % in
-69–79 % of the trims (median −4 to −6 %; 306 and 366 trims in the guaranteed runs at seed 1,
+70–79 % of the trims (median −4 to −6 %; 317 and 377 trims in the guaranteed runs at seed 1,
 85 % packing, load 0.5 and seed 3, 95 %, load 0.25) — the PS update is on the step's
 critical path — and the cores it frees only feed inference; on the CPU-bound embedded
 default the trims free cores that other jobs start and grow on (without them mean JCT is
-7–36 % higher, seeds 1–3), so the policy's default keeps them. Metrics per run:
+9–33 % higher, seeds 1–3), so the policy's default keeps them. Metrics per run:
 the co-location keys of :mod:`reamer.backends.sim.inference`, the realised ``gpu_alloc_pct``,
 ``training_samples`` (trained by the jobs that ended within the horizon) and
 ``training_speedup_vs_static_ratio`` (that ÷ ``static+reamer``'s, same seed, packing and
