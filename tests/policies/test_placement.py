@@ -1,6 +1,15 @@
 import numpy as np
 
-from reamer.domain import ClusterSnapshot, Container, JobState, JobView, Node, Resources, Role, TrainingJob
+from reamer.domain import (
+    ClusterSnapshot,
+    Container,
+    JobState,
+    JobView,
+    Node,
+    Resources,
+    Role,
+    TrainingJob,
+)
 from reamer.policies.placement import FreeMap
 
 

@@ -164,7 +164,7 @@ def test_a_job_on_one_node_talks_in_the_host_off_the_nic():
     """A job whose PS and workers share a node puts no flow on its NIC: a neighbour given a
     second PS does not slow it, and it does not slow the neighbours; moved across nodes, its
     traffic is on the NIC again."""
-    c, specs, start, _ = _crowded()
+    c, _, start, _ = _crowded()
     local = TrainingJob("h", "vgg16", 0.0, 1e6, 1, 2, Resources(1, 512), Resources(4, 512, 1))
     c.arrive(local, 0.0)
     c.actuate(start[:5] + [StartJob("h", (Placement(Role.PS, "n0", local.ps_res),)
