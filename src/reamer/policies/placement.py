@@ -111,8 +111,7 @@ class FreeMap:
         ``one_node``: all on one node that fits them together (a job that is one pod)."""
         order = sorted(wants, key=lambda rw: (rw[1].gpu, rw[1].cpu, rw[1].mem_mib), reverse=True)
         if one_node:
-            total = Resources(sum(r.cpu for _, r in wants), sum(r.mem_mib for _, r in wants),
-                              sum(r.gpu for _, r in wants))
+            total = sum((r for _, r in wants), Resources())
             allowed = self.fits(total) if allowed is None else self.fits(total) & allowed
         done: list[Placement] = []
         for role, res in order:

@@ -70,9 +70,9 @@ class _Run:
     w_ref: float = 0.0  # its network share of a step at its request on full links (flows as requested)
     flows: tuple[tuple[str, float, float], ...] = ()  # (node, flow now, flow as requested) it adds, per container
     # its containers as the speed model takes them: (workers' (cores, GPUs, threads), PS' (cores,
-    # threads), worker nodes, PS nodes, the link rate of its one node (in-host) or 0.0 (on the
-    # NIC)); None: to be rebuilt (an effect or a burst changed them)
+    # threads), worker nodes, PS nodes); None: to be rebuilt (an effect or a burst changed them)
     shape: tuple | None = None
+    host: float = 0.0  # the link rate of its one node while all its containers are there (in-host), else 0.0
 
 
 @dataclass
@@ -280,8 +280,7 @@ class SimCluster:
         for jid, j, since in due:
             speed = (j.done - j.tel_done) / (now - since) * noise[k]
             containers = tuple(j.rec.containers.values())
-            host = self._host_link(j)
-            caps = [host or self._bw(c) for c in containers]  # as of now
+            caps = [j.host or self._bw(c) for c in containers]  # as of now
             cores = [self._cores(c) for c in containers] if self.burst else None
             readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1, cores))
             out[jid] = JobTelemetry(since, max(0.0, speed), readings)
@@ -316,6 +315,7 @@ class SimCluster:
         """The physics of one effect; returns the nodes it touched."""
         j = self.jobs[e.job]
         j.shape = None
+        j.host = self._host_link(j)
         if not isinstance(e, Stop):
             self._check_range(j)
         if isinstance(e, Launch):
@@ -375,7 +375,7 @@ class SimCluster:
             f[1] -= ref
         touched = {node for node, _, _ in j.flows}
         containers = j.rec.containers.values()
-        if not containers or self._host_link(j):
+        if not containers or j.host:
             j.flows = ()
             self._set_bw(touched)
             return
@@ -577,10 +577,10 @@ class SimCluster:
                 else:
                     ps.append((c.res.cpu, None))
                     ps_nodes.add(c.node)
-            shape = j.shape = (tuple(workers), tuple(ps), tuple(w_nodes), tuple(ps_nodes), self._host_link(j))
-        workers, ps, w_nodes, ps_nodes, host = shape
-        if host:
-            bw_w = bw_ps = host
+            shape = j.shape = (tuple(workers), tuple(ps), tuple(w_nodes), tuple(ps_nodes))
+        workers, ps, w_nodes, ps_nodes = shape
+        if j.host:
+            bw_w = bw_ps = j.host
         else:
             bw = self._node_bw
             bw_w = min((bw[n] for n in w_nodes), default=math.inf)

@@ -363,8 +363,7 @@ class ClusterState:
         self._check_placement(p)
         if not p.res.fits_in(self.free[p.node]):
             raise InvalidDecision(f"{p.res} does not fit on {p.node} (free {self.free[p.node]})")
-        home = {c.node for c in j.containers.values()}
-        if j.spec.one_node and p.node not in home:
+        if j.spec.one_node and p.node not in (home := {c.node for c in j.containers.values()}):
             raise InvalidDecision(f"add to {j.spec.id}: a one-node job's containers stay on {min(home)}, not {p.node}")
         self._changed(j, now)
         return Reshape(j.spec.id, added=(self._place(j, p),))
