@@ -185,6 +185,30 @@ def test_guard_shrinks_first_when_the_slo_has_headroom():
     assert p99 <= RESNET_SLO * (1 - cfg.shrink_margin)
 
 
+def test_a_round_s_capacity_total_follows_resizes_placements_and_evictions():
+    """The per-service capacity total a round keeps (``_capsum``) is what a fresh sum gives
+    after every change to the service's replicas."""
+    pol = reamer()
+    nodes = (gpu("g0"), gpu("g1")) + POOL
+    svc = ServiceState("a", "resnet50", RESNET_SLO, 5.0, (Replica("a-0", "g0", 4.0, 4, 0.0),
+                                                         Replica("a-1", "g1", 2.0, 4, 0.0)))
+    r = pol._build(HarvestSnapshot(0.0, nodes, {"g0": use("g0", 10.0), "g1": use("g1", 10.0)}, (svc,)))
+
+    def fresh() -> float:
+        return sum(pol._cap(r, p) for p in r.live("a"))
+
+    before = pol._capsum(r, "a")
+    assert before == pytest.approx(fresh()) and before > 0
+    a0, a1 = r.live("a")
+    pol._resize(r, a0, 1.0)
+    assert pol._capsum(r, "a") == pytest.approx(fresh()) and fresh() < before
+    placed = pol._place_new(r, svc, pol.shapes(svc))
+    assert placed is not None and pol._capsum(r, "a") == pytest.approx(fresh())
+    pol._evict(r, a1)
+    assert pol._capsum(r, "a") == pytest.approx(fresh())
+    assert len(r.live("a")) == 2
+
+
 def test_guard_evicts_when_nowhere_to_go_and_service_is_replaced_later():
     nodes = (gpu("g0"),)  # no other node, no pool
     svc = ServiceState("a", "resnet50", RESNET_SLO, 20.0, (Replica("a-0", "g0", 2.0, 4, 0.0),), observed_p99_s=0.48)

@@ -46,7 +46,7 @@ import bisect
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -73,9 +73,13 @@ class InferenceProfile:
     # fixed delay per request outside the server's CPU (loopback, client stack).
     request_s: float = 0.0
     delay_s: float = 0.0
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __hash__(self) -> int:  # profiles key the sizing caches: hash what tells them apart, not ``measured``
-        return hash((self.name, self.a_s, self.b_s, self.parallel_fraction))
+    def __post_init__(self) -> None:  # profiles key the sizing caches: hash what tells them apart, not ``measured``
+        object.__setattr__(self, "_hash", hash((self.name, self.a_s, self.b_s, self.parallel_fraction)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 def effective_cores(cores: float, parallel_fraction: float) -> float:
@@ -539,15 +543,22 @@ DEFAULT_WAITS = (0.0,)
 
 
 def routing_weights(profile: InferenceProfile, replicas: Sequence[Replica], slo_p99_s: float,
-                    cores: Sequence[float] | None = None) -> list[float]:
+                    cores: Sequence[float] | None = None, memo: dict | None = None) -> list[float]:
     """The share of a service's requests each replica gets — the routing every backend applies
     (weighted round-robin in the clients, the simulator's split) and every harvesting policy
     assumes: proportional to each replica's capacity at the SLO (:func:`capacity_per_replica`),
     equal shares when none has any. ``cores`` replaces the replicas' own core counts (the
-    simulator looks them up on a grid)."""
+    simulator looks them up on a grid); ``memo``, the caller's for this profile and SLO, keeps
+    capacities by (cores, batch, wait) across calls."""
     cs = [r.cores for r in replicas] if cores is None else list(cores)
-    caps = [capacity_per_replica(profile, c, int(r.max_batch), float(r.max_wait_s), slo_p99_s)
-            for r, c in zip(replicas, cs, strict=True)]
+    memo = {} if memo is None else memo
+    caps = []
+    for r, c in zip(replicas, cs, strict=True):
+        key = (c, r.max_batch, r.max_wait_s)
+        cap = memo.get(key)
+        if cap is None:
+            cap = memo[key] = capacity_per_replica(profile, c, int(r.max_batch), float(r.max_wait_s), slo_p99_s)
+        caps.append(cap)
     total = sum(caps)
     if total <= 0:
         return [1.0 / len(caps)] * len(caps) if caps else []

@@ -65,6 +65,7 @@ from reamer.models.inference import InferenceProfile, capacity_per_replica, size
 from reamer.models.profiles import shipped_profiles
 
 EPS = 1e-9
+CAP_MEMO = 65536  # replica capacities a harvester remembers (cleared when full)
 
 # ------------------------------------------------------------------------------ configs
 
@@ -181,6 +182,7 @@ class _Round:
         self.reps: dict[str, list[_Rep]] = {s.id: [] for s in snap.services}
         self.counts: dict[str, np.ndarray] = {}
         self.by_node: dict[int, list[_Rep]] = {}
+        self.capsums: dict[str, float] = {}  # per service: Σ capacity of its live replicas (Harvester._capsum)
         self.need: dict[str, float] = {}
         self.out: list[HarvestDecision] = []
         # filled by policies that keep slack history (reamer)
@@ -209,6 +211,7 @@ class _Round:
         self.mem_free[i] -= rep.mem
         self.count(rep.service)[i] += 1
         self.by_node.setdefault(i, []).append(rep)
+        self.capsums.pop(rep.service, None)
 
     def detach(self, rep: _Rep, footprint: float) -> None:
         i = rep.node
@@ -216,6 +219,7 @@ class _Round:
         self.mem_free[i] += rep.mem
         self.count(rep.service)[i] -= 1
         self.by_node[i].remove(rep)
+        self.capsums.pop(rep.service, None)
 
 
 # ------------------------------------------------------------------------------ base
@@ -239,6 +243,7 @@ class Harvester:
         self._surplus_since: dict[str, float] = {}
         self._boost: dict[str, float] = {}
         self._last_now: float | None = None
+        self._caps: dict[tuple, float] = {}  # replica capacity by (model, SLO, cores, batch, wait)
 
     def _default_config(self) -> HarvestConfig:
         return HarvestConfig()
@@ -326,11 +331,22 @@ class Harvester:
     # -------------------------------------------------------------- capacity
     def _cap(self, r: _Round, rep: _Rep) -> float:
         s = r.services[rep.service]
-        return replica_capacity(self.profile(s.model), self._cap_cores(rep), rep.max_batch, rep.max_wait_s,
-                                s.slo_p99_s, self.cfg)
+        key = (s.model, s.slo_p99_s, self._cap_cores(rep), rep.max_batch, rep.max_wait_s)
+        cap = self._caps.get(key)
+        if cap is None:
+            if len(self._caps) >= CAP_MEMO:
+                self._caps.clear()
+            cap = self._caps[key] = replica_capacity(self.profile(s.model), key[2], rep.max_batch, rep.max_wait_s,
+                                                     s.slo_p99_s, self.cfg)
+        return cap
 
     def _capsum(self, r: _Round, svc: str) -> float:
-        return sum(self._cap(r, p) for p in r.live(svc))
+        """The capacity of ``svc``'s live replicas, kept for the round until one of them is
+        placed, moved, resized or removed."""
+        total = r.capsums.get(svc)
+        if total is None:
+            total = r.capsums[svc] = sum(self._cap(r, p) for p in r.live(svc))
+        return total
 
     def shapes(self, s: ServiceState) -> list[Shape]:
         """The sized shape for the predicted rate first, then (``shape_fallback``) smaller
@@ -408,6 +424,7 @@ class Harvester:
         before = self._footprint(rep)
         rep.cores = cores
         r.used[rep.node] += self._footprint(rep) - before
+        r.capsums.pop(rep.service, None)
         rep.acted = True
         r.out.append(ResizeReplica(rep.id, cores))
 
@@ -419,7 +436,7 @@ class Harvester:
             need = r.need[s.id]
             lo = cfg.min_replicas if s.min_replicas is None else s.min_replicas
             hi = math.inf if s.max_replicas is None else s.max_replicas
-            capsum = sum(self._cap(r, p) for p in reps)
+            capsum = self._capsum(r, s.id)
             if (capsum < need - EPS or len(reps) < lo) and len(reps) < hi:
                 self._surplus_since.pop(s.id, None)
                 shapes = self.shapes(s)

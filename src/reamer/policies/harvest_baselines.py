@@ -121,13 +121,10 @@ class UsageReclaim(Harvester):
             del self._requests[k]
         return super().decide(snap)
 
-    def _demand(self, r: _Round, rep: _Rep, totals: dict[str, float]) -> float:
-        """Cores a replica would use at its share of the predicted rate (busy share of its limit);
-        ``totals``: per service, the capacity of its live replicas, filled as needed."""
+    def _demand(self, r: _Round, rep: _Rep) -> float:
+        """Cores a replica would use at its share of the predicted rate (busy share of its limit)."""
         s = r.services[rep.service]
-        total = totals.get(s.id)
-        if total is None:
-            total = totals[s.id] = sum(self._cap(r, p) for p in r.live(s.id))
+        total = self._capsum(r, s.id)
         share = s.predicted_rate_per_s * self._cap(r, rep) / total if total > 0 else 0.0
         sat = max_throughput_per_s(self.profile(s.model), rep.cores, rep.max_batch, self.cfg.slowdown)
         return rep.cores * min(1.0, share / sat) if sat > 0 else rep.cores
@@ -135,7 +132,6 @@ class UsageReclaim(Harvester):
     def _guard(self, r: _Round) -> None:
         cfg = self.cfg
         dt = 0.0 if self._last_now is None else max(0.0, r.now - self._last_now)
-        totals: dict[str, float] = {}  # _demand's, until an eviction changes a service's replicas
         for i, nd in enumerate(r.nodes):
             if r.pool[i]:
                 continue
@@ -155,12 +151,11 @@ class UsageReclaim(Harvester):
             # evict while satisfaction is low and the replicas are busy
             if (limit / req <= cfg.evict_lower + EPS
                     and r.now - self._last_evict.get(nd.name, -float("inf")) >= cfg.evict_cooldown_s
-                    and sum(self._demand(r, p, totals) for p in reps) >= cfg.evict_usage * limit):
+                    and sum(self._demand(r, p) for p in reps) >= cfg.evict_usage * limit):
                 for p in sorted(reps, key=lambda p: -p.request):
                     if limit / req >= cfg.evict_upper - EPS or len(reps) == 0:
                         break
                     self._evict(r, p)
-                    totals.pop(p.service, None)
                     reps.remove(p)
                     req -= p.request
                     if req <= EPS:

@@ -223,8 +223,10 @@ class SimInference:
         self.need = (None if v == 0 else NeedProcess(int(rng.integers(2**63)), pai2020_variation() if v == "pai2020"
                                                       else Ar1(float(v), sec.need_corr)))
         self.inference_slow: dict[str, float] = {}  # node -> service-time stretch from CPU contention
-        self._busy_key: tuple | None = None  # (window, replicas) of the busy shares remembered
+        self._busy_key: tuple | None = None  # (window, the services' routing entries) of the busy shares remembered
         self._busy: dict[str, float] = {}
+        self._routing: dict[str, tuple] = {}  # per service (_weights)
+        self._route_caps: dict[tuple[str, float], dict] = {}  # per service and SLO: routing capacities by shape
         self.series: dict[str, list[float]] = {
             "t": [], "harvested_cores": [], "pool_cores": [], "slo_ok_pct": [],
             # GPU training nodes' cores, stacked: training use, training allocation left
@@ -245,11 +247,20 @@ class SimInference:
     def _noise(self) -> float:
         return max(0.0, 1.0 + self.noise * float(self.rng.standard_normal())) if self.noise else 1.0
 
-    def _weights(self, s: ServiceRecord) -> tuple[list[Replica], list[float], list[float]]:
-        """The service's replicas, their cores on the latency grid, and their routing weights."""
+    def _weights(self, s: ServiceRecord) -> tuple[list[Replica], list[float], list[float], list[float]]:
+        """The service's replicas, their cores on the latency grid, their routing weights and
+        their uncontended saturation rates (remembered while no replica of the service changes:
+        the busy shares and the window's judging share them)."""
         reps = list(s.replicas.values())
-        cores = [max(CORE_GRID, math.floor(r.cores / CORE_GRID + 1e-9) * CORE_GRID) for r in reps]
-        return reps, cores, routing_weights(self.profile[s.id], reps, s.slo_p99_s, [round(c, 4) for c in cores])
+        got = self._routing.get(s.id)
+        if got is None or got[0] != reps:
+            prof = self.profile[s.id]
+            cores = [max(CORE_GRID, math.floor(r.cores / CORE_GRID + 1e-9) * CORE_GRID) for r in reps]
+            memo = self._route_caps.setdefault((s.id, s.slo_p99_s), {})
+            got = self._routing[s.id] = (reps, cores,
+                                         routing_weights(prof, reps, s.slo_p99_s, [round(c, 4) for c in cores], memo),
+                                         [max_throughput_per_s(prof, c, r.max_batch) for r, c in zip(reps, cores)])
+        return got
 
     # ------------------------------------------------------------------ joint round
     def expect(self, decisions: Sequence[Decision]) -> None:
@@ -307,8 +318,9 @@ class SimInference:
         window's rate, uncontended, capped at 1), with the same capacity-weighted routing as
         :meth:`serve`. Remembered while the window and the replicas stay the same (the
         training rounds within a window re-check contention with the same shares)."""
-        key = (m, tuple(r for _, r in self.replicas.replicas()))
-        if key == self._busy_key:
+        key = (m, tuple(self._weights(s) for s in self.replicas.services.values() if s.replicas))
+        if self._busy_key is not None and key[0] == self._busy_key[0] and len(key[1]) == len(self._busy_key[1]) \
+                and all(a is b for a, b in zip(key[1], self._busy_key[1])):
             return self._busy
         out: dict[str, float] = {}
         for s in self.replicas.services.values():
@@ -316,9 +328,8 @@ class SimInference:
                 continue
             rates = self.rates[s.id]
             rate = float(rates[min(m, len(rates) - 1)])
-            reps, cores, weights = self._weights(s)
-            for r, c, w in zip(reps, cores, weights, strict=True):
-                sat = max_throughput_per_s(self.profile[s.id], c, r.max_batch)
+            reps, _, weights, sats = self._weights(s)
+            for r, w, sat in zip(reps, weights, sats, strict=True):
                 out[r.id] = min(1.0, rate * w / sat) if sat > 0 else 1.0
         self._busy_key, self._busy = key, out
         return out
@@ -385,14 +396,15 @@ class SimInference:
         for s in self.replicas.services.values():
             rate = float(self.rates[s.id][m])
             profile = self.profile[s.id]
-            reps, cores, weights = self._weights(s)
+            reps, cores, weights, sats = self._weights(s)
             miss, p99 = (1.0 if rate > 0 else 0.0), (math.inf if rate > 0 else None)
             if reps:
                 miss, worst = 0.0, 0.0
-                for r, c, w in zip(reps, cores, weights, strict=True):
+                for r, c, w, sat in zip(reps, cores, weights, sats, strict=True):
                     slow = (1.0 + sec.inference_interference * load.get(r.node, 0.0)) * self.inference_slow.get(r.node, 1.0)
                     slow = min(round(slow, 3), SLOW_MAX)
-                    sat = max_throughput_per_s(profile, c, r.max_batch, slow)
+                    if slow != 1.0:
+                        sat = max_throughput_per_s(profile, c, r.max_batch, slow)
                     rho = rate * w / sat
                     rho_q = min(int(math.ceil(rho / RHO_GRID - 1e-9)), int(RHO_MAX / RHO_GRID) + 1)
                     p, x = _replica_latency(profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_p99_s,
