@@ -207,3 +207,20 @@ def test_a_harvester_that_counts_requests_slows_a_bursting_job_and_reamer_does_n
     reamer = simulate(sc, "static", harvest="reamer").metrics
     assert naive["training_slowdown_pct"] > 5.0
     assert reamer["training_slowdown_pct"] < 1.0 and reamer["slo_attainment_pct"] >= 99.9
+
+
+def test_the_need_forgets_a_job_that_left_the_node(tmp_path):
+    """j2's 24 cores leave the node at 1 h. The need is a high percentile of the use over the
+    last ``need_window_s`` (30 min) of the containers still there, so the cores j2 used count
+    no more from the next round: reamer harvests them within minutes, not half an hour later."""
+    jobs = "j1,resnet50,0,1,2,1,8,1,100000\nj2,resnet50,0,1,1,1,24,0,3600\n"
+    r = simulate(scenario(tmp_path, jobs, peak=300, horizon=3 * 3600), "static", harvest="reamer")
+    s = r.inference_series
+    end = next(j.end_s for j in r.jobs if j.id == "j2")
+
+    def harvested_at(t: float) -> float:
+        return s["harvested_cores"][max(i for i, x in enumerate(s["t"]) if x <= t)]
+
+    before, soon, later = harvested_at(end - 300), harvested_at(end + 600), harvested_at(end + 2400)
+    assert later > before + 10  # the freed cores are worth harvesting
+    assert soon >= later - 1e-9  # and they are harvested within ten minutes

@@ -157,7 +157,7 @@ class InferenceSection(Strict):
     # limits (``NodeUsage.training_limit``): training can never take back more than them.
     training_need: Literal["usage", "limits"] = "usage"
     need_percentile: Annotated[float, Field(gt=0, le=100)] = 95.0  # ``usage``: this percentile of ...
-    need_window_s: Pos = 1800.0  # ... the per-window measured use over this long
+    need_window_s: Pos = 1800.0  # ... the per-window measured use over this long, of the containers there now
     # Time-varying training need: each GPU job's input-pipeline cost per sample is multiplied by
     # a mean-one log-normal AR(1) factor redrawn every window (stationary std-dev
     # ``need_variation``, correlation ``need_corr``); 0 = constant (the zoo's cost); ``pai2020``:

@@ -27,8 +27,9 @@ once per window (``inference.interval_s``, default one minute). Model, per windo
   would use; a node agent sees it as CPU pressure/throttling when it is contended), while
   ``training_used`` reads what training actually got. A node's ``training_need`` is the larger of the last
   measurement and the ``need_percentile`` (p95) of the measurements over the last
-  ``need_window_s`` (``training_need: usage``: a rise counts at once, a dip only once it
-  lasts), or the
+  ``need_window_s`` of the containers there now (``training_need: usage``: a rise counts at
+  once, a dip only once it lasts; a container that left counts no more, as a node agent's
+  per-pod metrics drop a deleted pod), or the
   containers' CPU limits (``limits``); the limits are reported too (``training_limit``: training
   can never take back more than them — NEARCHUS's trimmed limits in the joint mode);
   ``training_used`` is the last window's measured use (what Koordinator-style reclaiming
@@ -217,7 +218,8 @@ class SimInference:
         self.replicas = ReplicaState(cluster.state, [ServiceRecord(s.id, s.model, s.slo_p99_ms / 1e3, s.mem_mib_per_replica)
                                                      for s in sec.services], self.nodes, sec.pool.name)
         self.totals = InferenceTotals()
-        self.use_hist: dict[str, deque[float]] = {n.name: deque() for n in self.train_nodes}
+        self.use_hist: dict[str, deque[dict[str, float]]] = {n.name: deque() for n in self.train_nodes}  # per window: container -> use
+        self._use_sums: dict[str, tuple[frozenset[str], deque[float]]] = {}  # per node: its containers, their use per window
         self.need_scale = need_scale  # on every job's input cost: the level of training's need
         v = sec.need_variation  # each job's need factor per window (reamer.workloads.need)
         self.need = (None if v == 0 else NeedProcess(int(rng.integers(2**63)), pai2020_variation() if v == "pai2020"
@@ -273,10 +275,23 @@ class SimInference:
         for n in self.train_nodes:
             used = self.cluster.node_use(n.name, True) * self._noise()
             hist = self.use_hist[n.name]
-            hist.append(self.cluster.node_use(n.name, False) * self._noise())
+            f = self._noise()
+            now_use = {c.id: self.cluster.container_use(c) * f for c in self.cluster.state.containers_on(n.name)}
+            hist.append(now_use)
             while len(hist) > max(1, int(round(sec.need_window_s / self.interval_s))):
                 hist.popleft()
-            need = None if sec.training_need == "limits" else max(hist[-1], percentile(hist, sec.need_percentile))
+            # the use of the containers there now, window by window: one that left no longer counts
+            here = frozenset(now_use)
+            kept = self._use_sums.get(n.name)
+            if kept is not None and kept[0] == here:
+                sums = kept[1]
+                sums.append(sum(now_use.values()))
+                while len(sums) > len(hist):
+                    sums.popleft()
+            else:
+                sums = deque(sum(h.get(c, 0.0) for c in now_use) for h in hist)
+            self._use_sums[n.name] = (here, sums)
+            need = None if sec.training_need == "limits" else max(sums[-1], percentile(sums, sec.need_percentile))
             u = self.replicas.node_usage(n, now, reserve=sec.system_reserve_cores, need=need, used=used)
             limited = sec.coordination == "joint" and sec.training_qos == "guaranteed"
             usage[n.name] = u if limited else replace(u, training_limit=None)
