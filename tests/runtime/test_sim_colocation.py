@@ -224,3 +224,22 @@ def test_the_need_forgets_a_job_that_left_the_node(tmp_path):
     before, soon, later = harvested_at(end - 300), harvested_at(end + 600), harvested_at(end + 2400)
     assert later > before + 10  # the freed cores are worth harvesting
     assert soon >= later - 1e-9  # and they are harvested within ten minutes
+
+
+def test_a_job_started_between_windows_needs_its_level_from_the_start(tmp_path):
+    """The need scale is on every job's input cost from its start, not only from the first
+    window after it: j1 starts half-way through the first window, and the CPU it is measured
+    using at the next round is what it uses from then on (no variation here; NEARCHUS for the
+    telemetry, its resizes leave the pipeline's use as it is)."""
+    cpu = {}
+
+    def hook(rec):
+        if rec.node_cpu:
+            cpu[rec.t] = sum(rec.node_cpu.values())
+
+    sc = scenario(tmp_path, "j1,resnet50,30,1,1,1,10,1,3600\n", peak=20, horizon=600, need_scale=4.0)
+    simulate(sc, "nearchus", harvest="reamer", on_round=hook)
+    first = min(t for t in cpu if t > 30)
+    assert first < 120
+    later = sorted(v for t, v in cpu.items() if t > first)
+    assert later and 0.9 * later[len(later) // 2] <= cpu[first] <= 1.1 * later[-1]  # measured with noise

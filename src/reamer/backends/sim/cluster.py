@@ -203,6 +203,7 @@ class SimCluster:
         # job id -> factor on its model's CPU input-pipeline cost (time-varying training need;
         # set by backends.sim.inference; empty = the zoo's constant cost)
         self.input_scale: dict[str, float] = {}
+        self.input_scale_default = 1.0  # a job with no factor yet (started since the last window): the run's need scale
         # burstable training (``inference.training_qos: burstable``, set by
         # backends.sim.inference): a GPU worker's input pipeline, short of CPU at its request,
         # runs on more — out of the cores its node's other training containers leave
@@ -486,7 +487,7 @@ class SimCluster:
         if c.role is not Role.WORKER or c.res.gpu <= 0 or model.gpu_samples_per_s <= 0 or st.speed <= 0:
             return 0.0
         rest = st.gpu_busy * st.t + st.t_net + st.t_ps
-        work = spec.batch * model.input_core_s_per_sample * self.input_scale.get(spec.id, 1.0)
+        work = spec.batch * model.input_core_s_per_sample * self.input_scale.get(spec.id, self.input_scale_default)
         f = fraction_of(model, self.cal)[0]
         e = work / rest if rest > 0 else math.inf
         if e <= 1.0:
@@ -588,7 +589,7 @@ class SimCluster:
         k = 1.0
         if self.contention:
             k = min((self.contention.get(n, 1.0) for n in (*w_nodes, *ps_nodes)), default=1.0)
-        return workers, ps, bw_w, bw_ps, self.input_scale.get(j.rec.spec.id, 1.0), k
+        return workers, ps, bw_w, bw_ps, self.input_scale.get(j.rec.spec.id, self.input_scale_default), k
 
     def _step(self, model: str, input_scale: float, batch: int, workers: tuple, ps: tuple, bw_w: float,
               bw_ps: float) -> Step:
@@ -664,7 +665,8 @@ class SimCluster:
 
     def set_input_scale(self, scales: dict[str, float], now: float) -> None:
         """Set per-job factors on the input-pipeline cost (a job's CPU need) and re-time them."""
-        changed = {k for k in set(scales) | set(self.input_scale) if scales.get(k, 1.0) != self.input_scale.get(k, 1.0)}
+        d = self.input_scale_default
+        changed = {k for k in set(scales) | set(self.input_scale) if scales.get(k, d) != self.input_scale.get(k, d)}
         if not changed:
             return
         self.integrate(now)

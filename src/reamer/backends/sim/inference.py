@@ -36,7 +36,8 @@ once per window (``inference.interval_s``, default one minute). Model, per windo
   reads). With ``need_variation`` every job's input-pipeline cost drifts (log-normal
   AR(1), :mod:`reamer.workloads.need`; one process for all jobs, or ``pai2020``: each job its
   own, fitted to PAI's mini-batch times), redrawn each window *after* the round decided, so a
-  policy always acts on the previous window's measurements.
+  policy always acts on the previous window's measurements. A job started since the last
+  window runs at the ``need_scale`` (its factor's mean) until its first draw.
 * **CPU contention** (:meth:`SimInference.update_contention`). On a training node with
   ``A = cores − system reserve``, training wants ``U`` cores (its use at uncontended speed,
   weight = its containers' CPU as cpu.shares) and the replicas, while they serve, their
@@ -218,9 +219,11 @@ class SimInference:
         self.replicas = ReplicaState(cluster.state, [ServiceRecord(s.id, s.model, s.slo_p99_ms / 1e3, s.mem_mib_per_replica)
                                                      for s in sec.services], self.nodes, sec.pool.name)
         self.totals = InferenceTotals()
-        self.use_hist: dict[str, deque[dict[str, float]]] = {n.name: deque() for n in self.train_nodes}  # per window: container -> use
-        self._use_sums: dict[str, tuple[frozenset[str], deque[float]]] = {}  # per node: its containers, their use per window
+        # per node and window: container -> measured use; and the use of the containers there now
+        self.use_hist: dict[str, deque[dict[str, float]]] = {n.name: deque() for n in self.train_nodes}
+        self._use_sums: dict[str, tuple[frozenset[str], deque[float]]] = {}
         self.need_scale = need_scale  # on every job's input cost: the level of training's need
+        cluster.input_scale_default = need_scale  # from a job's start, before its first window's factor
         v = sec.need_variation  # each job's need factor per window (reamer.workloads.need)
         self.need = (None if v == 0 else NeedProcess(int(rng.integers(2**63)), pai2020_variation() if v == "pai2020"
                                                       else Ar1(float(v), sec.need_corr)))
