@@ -102,7 +102,7 @@ BASELINE = "static+reamer"  # training_speedup_vs_static_ratio: samples trained 
 TRAIN_MODELS = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121", "bert_base", "vit_b16"]
 KEYS = ["slo_attainment_pct", "requests_within_slo_pct", "training_slowdown_pct", "harvested_share_pct",
         "harvested_core_hours", "dedicated_node_hours", "migrations", "evictions", "gpu_node_cpu_util_pct",
-        "gpu_alloc_pct", "over_slack_core_hours", "pool_core_hours"]
+        "gpu_alloc_pct", "over_slack_core_hours", "pool_core_hours", "harvestable_share_pct"]
 RESERVE = 2.0
 
 

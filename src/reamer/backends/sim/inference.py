@@ -176,6 +176,7 @@ class InferenceTotals:
     gpu_node_used_core_s: float = 0.0
     gpu_node_core_s: float = 0.0
     over_slack_core_s: float = 0.0  # inference cores above (cores − reserve − training use)
+    harvestable_core_s: float = 0.0  # inference cores the GPU nodes' idle CPU could hold (≤ all inference cores)
     migrations: int = 0
     evictions: int = 0
     placements: int = 0
@@ -447,7 +448,7 @@ class SimInference:
         t.harvested_core_s += harvested * dt
         t.pool_core_s += pool * dt
         t.pool_node_s += sum(1 for k, v in inf.items() if k not in self.train_names and v > 0) * dt
-        used_sum = alloc_sum = cores_sum = 0.0
+        used_sum = alloc_sum = cores_sum = idle = 0.0
         for n in self.train_nodes:
             train = load[n.name] * n.cores
             used_sum += train
@@ -458,7 +459,9 @@ class SimInference:
             t.gpu_node_core_s += n.cores * dt
             slack = n.cores - sec.system_reserve_cores - self.cluster.node_use(n.name, False)
             t.over_slack_core_s += max(0.0, inf.get(n.name, 0.0) - max(0.0, slack)) * dt
+            idle += max(0.0, slack)
             self._stack(f":{n.name}", n.cores, train, limits, inf.get(n.name, 0.0))
+        t.harvestable_core_s += min(harvested + pool, idle) * dt
         self.series["t"].append(now)
         self.series["pool_cores"].append(pool)
         self.series["slo_ok_pct"].append(100.0 * ok_now / max(1, len(self.replicas.services)))
@@ -492,5 +495,6 @@ class SimInference:
             "replica_resizes": float(t.resizes),
             "gpu_node_cpu_util_pct": 100.0 * t.gpu_node_used_core_s / t.gpu_node_core_s if t.gpu_node_core_s else 0.0,
             "over_slack_core_hours": t.over_slack_core_s / 3600.0,
+            "harvestable_share_pct": 100.0 * t.harvestable_core_s / served if served > 0 else 0.0,
             "service_windows": float(t.service_windows),
         }
