@@ -8,7 +8,7 @@ inference, :class:`HarvestBackend`); every policy implements :class:`Policy` (or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,12 +75,21 @@ def harvest_round(backend: HarvestBackend, policy: HarvestPolicy, now: float) ->
 
 
 def joint_round(backend: Backend, policy: Policy, harvest: JointHarvestBackend, harvest_policy: HarvestPolicy,
-                now: float) -> tuple[Round, Round]:
+                now: float, *, harvest_if: Callable[[Sequence[Decision]], bool] | None = None,
+                ) -> tuple[Round, Round | None]:
     """The joint loop: training decides first; inference is harvested against the allocation
     training is *about to* take, and moves (shrink / migrate / evict) before training
-    actuates — inference yields first when training needs its CPU back."""
+    actuates — inference yields first when training needs its CPU back.
+
+    ``harvest_if`` (None: always): whether training's decisions need a harvest round now. An
+    event-driven backend's rounds between inference's measurement windows (a job's arrival or
+    end) harvest only when training is about to take cores a replica holds (no harvest
+    round: None)."""
     snapshot = backend.observe(now)  # observe
     decisions = tuple(policy.decide(snapshot))  # decide (training)
+    if harvest_if is not None and not harvest_if(decisions):
+        backend.actuate(decisions, now)
+        return Round(now, decisions, snapshot), None
     harvest.expect(decisions)
     hsnap = harvest.observe(now)
     hdecisions = tuple(harvest_policy.decide(hsnap))  # decide (inference, on what is left)

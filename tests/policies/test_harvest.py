@@ -471,3 +471,17 @@ def test_a_missed_slo_window_adds_capacity_at_the_same_forecast():
     svcs = apply(svcs, pol.decide(HarvestSnapshot(60.0, nodes, usage(60.0), svcs)))
     assert capacity(svcs[0]) > before
     assert capacity(svcs[0]) >= 30.0 * (1 + CFG.headroom) * (1 + CFG.miss_boost) - 1e-9
+
+
+def test_a_missed_window_boosts_once_however_many_rounds_see_it():
+    """Rounds between windows (the joint loop's, when training acts) see the same last window:
+    its miss raises capacity once, not once per round; the next window's miss counts again."""
+    pol = reamer()
+    nodes = tuple(gpu(f"g{i}") for i in range(4)) + POOL
+    usage = lambda t: {f"g{i}": use(f"g{i}", 10.0, t) for i in range(4)}  # noqa: E731
+    svc = ServiceState("a", "resnet50", RESNET_SLO, 30.0, observed_p99_s=0.7, observed_at_s=60.0)
+    for t in (60.0, 75.0, 90.0):
+        pol.decide(HarvestSnapshot(t, nodes, usage(t), (svc,)))
+    assert pol._boost["a"] == pytest.approx(1 + CFG.miss_boost)
+    pol.decide(HarvestSnapshot(120.0, nodes, usage(120.0), (with_(svc, observed_at_s=120.0),)))
+    assert pol._boost["a"] == pytest.approx((1 + CFG.miss_boost) ** 2)

@@ -245,3 +245,43 @@ def test_a_job_started_between_windows_needs_its_level_from_the_start(tmp_path):
     assert first < 120
     later = sorted(v for t, v in cpu.items() if t > first)
     assert later and 0.9 * later[len(later) // 2] <= cpu[first] <= 1.1 * later[-1]  # measured with noise
+
+
+def test_a_job_arriving_between_windows_finds_its_cores_free(tmp_path):
+    """j2 arrives at 3,630 s, half-way through a window, on cores the replicas hold. Training
+    acts in that round, so the joint loop harvests in it too: the replicas move before j2
+    starts and training never runs contended. Each loop on its own, j2 runs contended until
+    the next window."""
+    joint = simulate(scenario(tmp_path, RISING, peak=300), "static", harvest="reamer").metrics
+    alone = simulate(scenario(tmp_path, RISING, peak=300, coordination="none"), "static", harvest="reamer").metrics
+    assert joint["training_slowdown_pct"] == 0.0
+    assert alone["training_slowdown_pct"] > 0.0
+    assert joint["slo_attainment_pct"] >= 99.9
+
+
+def test_between_windows_the_harvester_sees_the_window_s_measurements_and_new_jobs_at_their_limits(tmp_path):
+    """Rounds at 3,630 s and 3,640 s start j2 and j3 between two windows. The harvester sees the
+    need measured at 3,600 s plus, at 3,630 s, what j2 is about to take (its CPU) and, at
+    3,640 s, j2 at its CPU limits (started, not yet measured) plus j3's; nothing is measured
+    anew between windows. At 3,660 s the window's measurement replaces the limits by use."""
+    from reamer.policies import make_policy
+
+    seen: dict[float, float] = {}
+
+    class Spy:
+        name, interval_s = "spy", 60.0
+
+        def __init__(self):
+            self.inner = make_policy("reamer", kind="harvest", interval_s=60.0)
+
+        def decide(self, snap):
+            seen[snap.now] = snap.usage["gpu-0000"].training_need
+            return self.inner.decide(snap)
+
+    jobs = ("j1,resnet50,0,1,2,1,10,1,100000\nj2,mobilenet_v2,3630,1,1,1,15,1,100000\n"
+            "j3,mobilenet_v2,3640,1,1,1,8,0,100000\n")  # each start needs cores the replicas hold
+    simulate(scenario(tmp_path, jobs, peak=300, horizon=2 * 3600), "static", harvest=Spy())
+    assert 3630.0 in seen and 3640.0 in seen
+    assert seen[3630.0] == pytest.approx(seen[3600.0] + 16.0)
+    assert seen[3640.0] == pytest.approx(seen[3600.0] + 16.0 + 9.0)
+    assert seen[3660.0] < seen[3640.0]  # j2 measured: it uses less than its 15 + 1 cores

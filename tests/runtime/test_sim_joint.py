@@ -1,6 +1,7 @@
-"""The joint loop in the simulator: at the start of an SLO window training and inference decide
-in one :func:`reamer.control.joint_round`, and inference moves before training takes the
-cores it decided to take — exactly as in a real run. A hand-built case: one GPU node, one
+"""The joint loop in the simulator: at the start of an SLO window, and between windows in a
+round where training acts, training and inference decide in one
+:func:`reamer.control.joint_round`, and inference moves before training takes the cores it
+decided to take — exactly as in a real run. A hand-built case: one GPU node, one
 compute-bound job whose worker grows from 4 to 12 or 14 cores (with its PS and the replica,
 more than the node's 16), one replica on the node's slack."""
 
@@ -46,7 +47,7 @@ class GrowAt:
         return out
 
 
-def _run(at: float, monkeypatch, sc=SC) -> tuple[dict, list, list]:
+def _run(at: float, monkeypatch, sc=SC, cores: float = 14.0) -> tuple[dict, list, list]:
     log: list[tuple[float, str, tuple]] = []
     for cls, side in ((SimCluster, "training"), (SimInference, "inference")):
         real = cls.actuate
@@ -58,7 +59,7 @@ def _run(at: float, monkeypatch, sc=SC) -> tuple[dict, list, list]:
 
         monkeypatch.setattr(cls, "actuate", actuate)
     rounds: list = []
-    r = simulate(sc, GrowAt(at, 14.0), jobs=JOBS, harvest="reamer", on_round=rounds.append)
+    r = simulate(sc, GrowAt(at, cores), jobs=JOBS, harvest="reamer", on_round=rounds.append)
     return r.metrics, log, rounds
 
 
@@ -74,13 +75,24 @@ def test_inference_moves_in_the_same_round_before_training_takes_its_cores(monke
     assert m["slo_attainment_pct"] == 100.0
 
 
-def test_a_growth_between_windows_finds_the_replica_still_there(monkeypatch):
-    """The contrast: training grows at 90 s, between SLO windows, in a training-only round;
-    the replica moves only at the next window, and training runs contended meanwhile."""
+def test_a_growth_between_windows_moves_inference_first_in_that_round(monkeypatch):
+    """Training grows at 90 s, between SLO windows: training acts, so that round harvests too,
+    on the window's measurements and the growth, and the replica moves before training takes
+    the cores, as at a window. Rounds in which training does nothing harvest nothing."""
     m, log, _ = _run(90.0, monkeypatch)
-    assert (90.0, "training", ("Resize",)) in log
-    assert (120.0, "inference", ("MigrateReplica",)) in log
-    assert m["training_slowdown_pct"] > 0.1
+    at = [e for e in log if e[0] == 90.0]
+    assert at == [(90.0, "inference", ("MigrateReplica",)), (90.0, "training", ("Resize",))]
+    assert m["training_slowdown_pct"] == 0.0
+    assert m["harvest_rounds"] == m["service_windows"] + 1  # (one service) each window's round, and 90 s
+
+
+def test_a_growth_between_windows_that_leaves_the_replica_its_cores_harvests_nothing(monkeypatch):
+    """The worker grows from 4 to 6 cores at 90 s: with its PS and the replica's 4 cores that is
+    11 of the 14 the node leaves, so inference has no reason to move and that round is
+    training's alone."""
+    m, log, _ = _run(90.0, monkeypatch, cores=6.0)
+    assert [e for e in log if e[0] == 90.0] == [(90.0, "training", ("Resize",))]
+    assert m["harvest_rounds"] == m["service_windows"]  # (one service) the windows' rounds only
 
 
 def test_the_joint_round_counts_the_growth_in_what_the_harvest_policy_sees():

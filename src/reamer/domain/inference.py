@@ -88,6 +88,7 @@ class ServiceState:
     min_replicas: int | None = None  # the service's own bounds (None: the policy's defaults)
     max_replicas: int | None = None
     observed_error_rate: float | None = None  # share of the last window's requests that failed (None: not measured)
+    observed_at_s: float | None = None  # when that window was measured (None: not said; each round counts as a new window's)
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,6 +242,7 @@ class Harvester:
         self.profiles = dict(profiles) if profiles is not None else dict(shipped_profiles().inference)
         self._surplus_since: dict[str, float] = {}
         self._boost: dict[str, float] = {}
+        self._boosted: dict[str, float | None] = {}  # per service: the window its boost last counted
         self._last_now: float | None = None
         self._caps: dict[tuple, float] = {}  # replica capacity by (model, SLO, cores, batch, wait)
 
@@ -274,7 +275,9 @@ class Harvester:
                 r.budget[i] = max(0.0, self._budget(nd, u, snap.now))
         self._observe(r)
         for s in snap.services:
-            self._update_boost(s)
+            if s.observed_at_s is None or self._boosted.get(s.id) != s.observed_at_s:  # each window's p99 once
+                self._update_boost(s)
+                self._boosted[s.id] = s.observed_at_s
             r.need[s.id] = s.predicted_rate_per_s * (1.0 + self.cfg.headroom) * self._boost.get(s.id, 1.0)
             for rep in s.replicas:
                 i = r.index.get(rep.node)

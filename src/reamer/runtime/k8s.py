@@ -168,7 +168,7 @@ def joint_step(backend: K8sTraining, policy: Policy, harvest: K8sInference, harv
         rnd, hrnd = joint_round(backend, policy, harvest, harvest_policy, clock())
         _publish(rnd, hrnd, th, on_round)
         backend.report(rnd.decisions, th, rnd.now)
-        return Round(rnd.now, (*rnd.decisions, *hrnd.decisions), rnd.snapshot)
+        return Round(rnd.now, (*rnd.decisions, *(hrnd.decisions if hrnd is not None else ())), rnd.snapshot)
 
     return step
 

@@ -1,8 +1,9 @@
 """The simulated run: the event loop advances the clock over the simulator's backends; each
 batch of events at one instant (and each control interval) runs one control round —
-:func:`reamer.control.control_round`, or, when an SLO window of the inference services
-starts then, :func:`reamer.control.joint_round`: training decides, inference moves first,
-then training takes its cores, exactly as a real run's every round (``inference.coordination:
+:func:`reamer.control.control_round`, or, with inference harvested, :func:`reamer.control.joint_round`
+(at the start of each SLO window, and between windows whenever training acts): training
+decides, inference moves first, then training takes its cores, exactly as a real run's every
+round (``inference.coordination:
 none``: the two loops on their own, each deciding on the state it measured — the harvest
 round, then training's — so the harvester learns of a growth only at its next window).
 """
@@ -166,9 +167,11 @@ def simulate(
         if not (run_round or window):
             continue
         hrnd: Round | None = None
-        if window and inf is not None and hpolicy is not None and inf.sec.coordination == "joint":
-            rnd, hrnd = joint_round(cluster, policy, inf, hpolicy, now)  # inference moves before training takes cores
-            harvest_rounds += 1
+        if inf is not None and hpolicy is not None and inf.sec.coordination == "joint":
+            # inference moves before training takes cores: at each window, and between windows
+            # whenever training is about to take cores a replica holds (a job's start)
+            rnd, hrnd = joint_round(cluster, policy, inf, hpolicy, now, harvest_if=None if window else inf.crowded_by)
+            harvest_rounds += hrnd is not None
         elif window and inf is not None and hpolicy is not None:  # each loop on its own, on what it measured
             hrnd = harvest_round(inf, hpolicy, now)  # before training's decisions of this instant
             rnd = control_round(cluster, policy, now)
@@ -187,7 +190,7 @@ def simulate(
                 q.push(now + policy.interval_s, Ev.TICK)
         if inf is not None:
             inf.update_contention(now)  # training changed: re-check over-committed nodes
-            if hrnd is not None:
+            if window and hrnd is not None:
                 inf.vary_need(now)  # training's need for the coming window (metrics lag by one)
                 inf.update_contention(now)
                 inf.serve(now)

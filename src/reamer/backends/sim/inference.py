@@ -37,7 +37,9 @@ once per window (``inference.interval_s``, default one minute). Model, per windo
   AR(1), :mod:`reamer.workloads.need`; one process for all jobs, or ``pai2020``: each job its
   own, fitted to PAI's mini-batch times), redrawn each window *after* the round decided, so a
   policy always acts on the previous window's measurements. A job started since the last
-  window runs at the ``need_scale`` (its factor's mean) until its first draw.
+  window runs at the ``need_scale`` (its factor's mean) until its first draw. A joint round
+  between windows (training acts) sees the window's measurements of the containers there
+  now, a container started since counted at its CPU limit; it measures nothing anew.
 * **CPU contention** (:meth:`SimInference.update_contention`). On a training node with
   ``A = cores − system reserve``, training wants ``U`` cores (its use at uncontended speed,
   weight = its containers' CPU as cpu.shares) and the replicas, while they serve, their
@@ -78,7 +80,7 @@ from reamer.backends.sim.cluster import SimCluster
 from reamer.backends.state import MoveReplica, ReplicaState, ServiceRecord, SetReplicaQuota, StartReplica
 from reamer.config.scenario import DiurnalRate, InferenceSection, Scenario
 from reamer.domain import Decision, Node
-from reamer.domain.inference import HarvestDecision, HarvestSnapshot, PlaceReplica, Replica
+from reamer.domain.inference import HarvestDecision, HarvestSnapshot, NodeUsage, PlaceReplica, Replica
 from reamer.errors import InputError
 from reamer.models.inference import (
     InferenceProfile,
@@ -223,6 +225,8 @@ class SimInference:
         # per node and window: container -> measured use; and the use of the containers there now
         self.use_hist: dict[str, deque[dict[str, float]]] = {n.name: deque() for n in self.train_nodes}
         self._use_sums: dict[str, tuple[frozenset[str], deque[float]]] = {}
+        self._used: dict[str, float] = {}  # node -> training's measured use, last window
+        self._measured: int | None = None  # the window whose measurements observe last took
         self.need_scale = need_scale  # on every job's input cost: the level of training's need
         cluster.input_scale_default = need_scale  # from a job's start, before its first window's factor
         v = sec.need_variation  # each job's need factor per window (reamer.workloads.need)
@@ -272,12 +276,35 @@ class SimInference:
     def expect(self, decisions: Sequence[Decision]) -> None:
         self.replicas.expect(decisions)
 
+    def crowded_by(self, decisions: Sequence[Decision]) -> bool:
+        """Would training, with ``decisions`` applied, need cores a replica holds: on a node it
+        grows on, what its containers there use plus the CPU it adds (new containers at their
+        limits) plus the replicas' cores above the cores less the system reserve?"""
+        state, inf = self.cluster.state, None
+        for node, g in state.growth(decisions).items():
+            if g.cpu <= 0:
+                continue
+            inf = self.replicas.cores_on() if inf is None else inf
+            held = inf.get(node, 0.0)
+            n = state.node_by_name[node]
+            if held > 0 and self.cluster.node_use(node) + g.cpu + held > n.cores - self.sec.system_reserve_cores + 1e-9:
+                return True
+        return False
+
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> HarvestSnapshot:
+        """Training's use per node as a node agent reports it: measured once per window (the
+        window's first round). A round between windows (the joint loop's, when training acts)
+        sees the window's measurements, of the containers there now; one started since counts
+        at its CPU limit until it is measured."""
+        m = self.window(now)
+        if m == self._measured:
+            return self._observe_between(now, m)
+        self._measured = m
         sec = self.sec
         usage = {}
         for n in self.train_nodes:
-            used = self.cluster.node_use(n.name, True) * self._noise()
+            used = self._used[n.name] = self.cluster.node_use(n.name, True) * self._noise()
             hist = self.use_hist[n.name]
             f = self._noise()
             now_use = {c.id: self.cluster.container_use(c) * f for c in self.cluster.state.containers_on(n.name)}
@@ -296,10 +323,31 @@ class SimInference:
                 sums = deque(sum(h.get(c, 0.0) for c in now_use) for h in hist)
             self._use_sums[n.name] = (here, sums)
             need = None if sec.training_need == "limits" else max(sums[-1], percentile(sums, sec.need_percentile))
-            u = self.replicas.node_usage(n, now, reserve=sec.system_reserve_cores, need=need, used=used)
-            limited = sec.coordination == "joint" and sec.training_qos == "guaranteed"
-            usage[n.name] = u if limited else replace(u, training_limit=None)
-        m = self.window(now)
+            usage[n.name] = self._node_usage(n, now, need, used)
+        return self._snapshot(now, m, usage)
+
+    def _observe_between(self, now: float, m: int) -> HarvestSnapshot:
+        sec = self.sec
+        usage = {}
+        for n in self.train_nodes:
+            hist = self.use_hist[n.name]
+            last = hist[-1] if hist else {}
+            here = self.cluster.state.containers_on(n.name)
+            new = sum(c.res.cpu for c in here if c.id not in last)
+            need = None
+            if sec.training_need != "limits":
+                sums = [sum(h.get(c.id, 0.0) for c in here) for h in hist] or [0.0]
+                need = max(sums[-1], percentile(sums, sec.need_percentile)) + new
+            usage[n.name] = self._node_usage(n, now, need, self._used.get(n.name, 0.0))
+        return self._snapshot(now, m, usage)
+
+    def _node_usage(self, n: Node, now: float, need: float | None, used: float) -> NodeUsage:
+        sec = self.sec
+        u = self.replicas.node_usage(n, now, reserve=sec.system_reserve_cores, need=need, used=used)
+        limited = sec.coordination == "joint" and sec.training_qos == "guaranteed"
+        return u if limited else replace(u, training_limit=None)
+
+    def _snapshot(self, now: float, m: int, usage: dict[str, NodeUsage]) -> HarvestSnapshot:
         first = {sid: float(r[min(m, len(r) - 1)]) for sid, r in self.rates.items()}  # before any window: the true rate
         return self.replicas.snapshot(now, usage, first)
 
@@ -439,7 +487,7 @@ class SimInference:
             ok_now += int(ok)
             t.requests += rate * dt
             t.requests_ok += rate * dt * (1.0 - min(1.0, miss))
-            s.last_p99_s = p99
+            s.last_p99_s, s.last_at_s = p99, now
             self.series[f"p99_ms:{s.id}"].append(1000.0 * p99 if p99 is not None and math.isfinite(p99) else math.nan)
             s.observed_rates.append(float(self.rng.poisson(rate * dt)) / dt)
         inf = self.replicas.cores_on()

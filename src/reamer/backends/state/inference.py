@@ -48,6 +48,7 @@ class ServiceRecord:
     observed_rates: list[float] = field(default_factory=list)  # requests/s per past window
     last_p99_s: float | None = None  # the last window's p99 (None: nothing measured)
     last_error_rate: float | None = None  # share of the last window's requests that failed (None: not measured)
+    last_at_s: float | None = None  # when the last window was measured (None: not said)
     min_replicas: int | None = None  # the service's own bounds (None: the policy's defaults)
     max_replicas: int | None = None
 
@@ -207,6 +208,6 @@ class ReplicaState:
         self._expected = {}
         services = tuple(ServiceState(s.id, s.model, s.slo_p99_s, s.forecast(first_rates[s.id]),
                                       tuple(s.replicas.values()), s.last_p99_s, s.mem_mib_per_replica,
-                                      s.min_replicas, s.max_replicas, s.last_error_rate)
+                                      s.min_replicas, s.max_replicas, s.last_error_rate, s.last_at_s)
                          for s in self.services.values())
         return HarvestSnapshot(now, self.nodes, usage, services, self.pool)
