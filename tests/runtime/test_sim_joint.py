@@ -1,6 +1,6 @@
 """The joint loop in the simulator: at the start of an SLO window, and between windows in a
-round where training acts, training and inference decide in one
-:func:`reamer.control.joint_round`, and inference moves before training takes the cores it
+round where training is about to take cores a replica holds, training and inference decide
+in one :func:`reamer.control.joint_round`, and inference moves before training takes the cores it
 decided to take — exactly as in a real run. A hand-built case: one GPU node, one
 compute-bound job whose worker grows from 4 to 12 or 14 cores (with its PS and the replica,
 more than the node's 16), one replica on the node's slack."""
@@ -76,9 +76,10 @@ def test_inference_moves_in_the_same_round_before_training_takes_its_cores(monke
 
 
 def test_a_growth_between_windows_moves_inference_first_in_that_round(monkeypatch):
-    """Training grows at 90 s, between SLO windows: training acts, so that round harvests too,
-    on the window's measurements and the growth, and the replica moves before training takes
-    the cores, as at a window. Rounds in which training does nothing harvest nothing."""
+    """Training grows at 90 s, between SLO windows, onto the replica's cores: that round
+    harvests too, on the window's measurements and the growth, and the replica moves before
+    training takes the cores, as at a window. The other rounds between windows harvest
+    nothing."""
     m, log, _ = _run(90.0, monkeypatch)
     at = [e for e in log if e[0] == 90.0]
     assert at == [(90.0, "inference", ("MigrateReplica",)), (90.0, "training", ("Resize",))]

@@ -175,9 +175,10 @@ class InferenceSection(Strict):
     # GPU fed, so co-located inference takes from training what it holds of them (the
     # harvester's cap at the training limits is then off: training can take more).
     training_qos: Literal["guaranteed", "burstable"] = "guaranteed"
-    # ``joint``: each SLO window's round, and each round between windows in which training
-    # acts, is the joint loop (training decides, inference moves first, training then takes
-    # its cores; the harvester caps training's need by its CPU limits). ``none``: the two loops run on their own, each on the state it measured (the
+    # ``joint``: each SLO window's round, and each round between windows in which training is
+    # about to take cores a replica holds, is the joint loop (training decides, inference moves
+    # first, training then takes its cores; the harvester caps training's need by its CPU
+    # limits). ``none``: the two loops run on their own, each on the state it measured (the
     # harvest round, then training's: the harvester learns of a growth at its next window), and
     # the harvester sees training only through its measured use (no limits).
     coordination: Literal["joint", "none"] = "joint"

@@ -38,8 +38,9 @@ once per window (``inference.interval_s``, default one minute). Model, per windo
   own, fitted to PAI's mini-batch times), redrawn each window *after* the round decided, so a
   policy always acts on the previous window's measurements. A job started since the last
   window runs at the ``need_scale`` (its factor's mean) until its first draw. A joint round
-  between windows (training acts) sees the window's measurements of the containers there
-  now, a container started since counted at its CPU limit; it measures nothing anew.
+  between windows (training is about to take cores a replica holds, :meth:`crowded_by`) sees
+  the window's measurements of the containers there now, a container started since counted
+  at its CPU limit; it measures nothing anew.
 * **CPU contention** (:meth:`SimInference.update_contention`). On a training node with
   ``A = cores − system reserve``, training wants ``U`` cores (its use at uncontended speed,
   weight = its containers' CPU as cpu.shares) and the replicas, while they serve, their
@@ -294,7 +295,7 @@ class SimInference:
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> HarvestSnapshot:
         """Training's use per node as a node agent reports it: measured once per window (the
-        window's first round). A round between windows (the joint loop's, when training acts)
+        window's first round). A round between windows (the joint loop's, :meth:`crowded_by`)
         sees the window's measurements, of the containers there now; one started since counts
         at its CPU limit until it is measured."""
         m = self.window(now)
