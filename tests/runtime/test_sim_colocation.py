@@ -257,6 +257,8 @@ def test_a_job_arriving_between_windows_finds_its_cores_free(tmp_path):
     assert joint["training_slowdown_pct"] == 0.0
     assert alone["training_slowdown_pct"] > 0.0
     assert joint["slo_attainment_pct"] >= 99.9
+    assert joint["harvest_rounds"] > joint["service_windows"]  # (one service) and a round at 3,630 s
+    assert alone["harvest_rounds"] == alone["service_windows"]  # on its own: at windows only
 
 
 def test_between_windows_the_harvester_sees_the_window_s_measurements_and_new_jobs_at_their_limits(tmp_path):
