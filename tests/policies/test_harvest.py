@@ -474,8 +474,9 @@ def test_a_missed_slo_window_adds_capacity_at_the_same_forecast():
 
 
 def test_a_missed_window_boosts_once_however_many_rounds_see_it():
-    """Rounds between windows (the joint loop's, when training takes a replica's cores) see the same last window:
-    its miss raises capacity once, not once per round; the next window's miss counts again."""
+    """Rounds between windows (the joint loop's, when training takes a replica's cores) see the
+    same last window: its miss raises capacity once, not once per round; the next window's
+    miss counts again."""
     pol = reamer()
     nodes = tuple(gpu(f"g{i}") for i in range(4)) + POOL
     usage = lambda t: {f"g{i}": use(f"g{i}", 10.0, t) for i in range(4)}  # noqa: E731

@@ -248,9 +248,9 @@ def test_a_job_started_between_windows_needs_its_level_from_the_start(tmp_path):
 
 
 def test_a_job_arriving_between_windows_finds_its_cores_free(tmp_path):
-    """j2 arrives at 3,630 s, half-way through a window, on cores the replicas hold. Training
-    acts in that round, so the joint loop harvests in it too: the replicas move before j2
-    starts and training never runs contended. Each loop on its own, j2 runs contended until
+    """j2 arrives at 3,630 s, half-way through a window, on cores the replicas hold, so the
+    joint loop harvests in that round too: the replicas move before j2 starts and training
+    never runs contended. Each loop on its own, j2 runs contended until
     the next window."""
     joint = simulate(scenario(tmp_path, RISING, peak=300), "static", harvest="reamer").metrics
     alone = simulate(scenario(tmp_path, RISING, peak=300, coordination="none"), "static", harvest="reamer").metrics

@@ -1,7 +1,7 @@
 """The joint loop in the simulator: at the start of an SLO window, and between windows in a
 round where training is about to take cores a replica holds, training and inference decide
-in one :func:`reamer.control.joint_round`, and inference moves before training takes the cores it
-decided to take — exactly as in a real run. A hand-built case: one GPU node, one
+in one :func:`reamer.control.joint_round`, and inference moves before training takes the
+cores it decided to take — exactly as in a real run. A hand-built case: one GPU node, one
 compute-bound job whose worker grows from 4 to 12 or 14 cores (with its PS and the replica,
 more than the node's 16), one replica on the node's slack."""
 

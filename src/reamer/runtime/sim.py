@@ -1,12 +1,12 @@
 """The simulated run: the event loop advances the clock over the simulator's backends; each
 batch of events at one instant (and each control interval) runs one control round —
-:func:`reamer.control.control_round`, or, with inference harvested, :func:`reamer.control.joint_round`
-(at the start of each SLO window, and between windows whenever training is about to take
-cores a replica holds): training
-decides, inference moves first, then training takes its cores, exactly as a real run's every
-round (``inference.coordination:
-none``: the two loops on their own, each deciding on the state it measured — the harvest
-round, then training's — so the harvester learns of a growth only at its next window).
+:func:`reamer.control.control_round`, or, with inference harvested,
+:func:`reamer.control.joint_round` (at the start of each SLO window, and between windows
+whenever training is about to take cores a replica holds): training decides, inference moves
+first, then training takes its cores, exactly as a real run's every round
+(``inference.coordination: none``: the two loops on their own, each deciding on the state it
+measured — the harvest round, then training's — so the harvester learns of a growth only at
+its next window).
 """
 
 from __future__ import annotations
