@@ -1,6 +1,7 @@
 """Cloud Reamer in the simulator: inference on the spare CPU of GPU training nodes.
 
     python bench/reamer.py --json bench-reamer.json [--quick] [--seeds 1 2 3] [--workers N]
+        [--packings 70 85 95] [--loads 0.25 0.5] [--set SECTION.KEY=VALUE ...]
 
 Cluster: an evenly spaced subset of the openb GPU nodes (``../shared/data``). Training: GPU
 pods of the openb pod list, in a seeded random order, taken until their GPU requests reach
@@ -54,7 +55,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -68,7 +71,11 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.modules.pop("reamer", None) if getattr(sys.modules.get("reamer"), "__file__", "") == __file__ else None
 
+from pydantic import ValidationError  # noqa: E402
+
+from reamer.errors import InputError  # noqa: E402
 from reamer.runtime import simulate  # noqa: E402
+from reamer.runtime.policies import harvest_policy, training_policy  # noqa: E402
 from reamer.config.scenario import Scenario, parse_scenario  # noqa: E402
 from reamer.domain import Resources, TrainingJob  # noqa: E402
 from reamer.models.inference import size_service  # noqa: E402
@@ -207,27 +214,33 @@ def peak_rate(model: str, slo_ms: float, cores: float) -> float:
 
 
 def scenario(seed: int, nodes_csv: Path, horizon_s: float, peak_cores: float, coordination: str,
-             variation: float | str, scale: float | str, nic_gbps: float, qos: str) -> Scenario:
+             variation: float | str, scale: float | str, nic_gbps: float, qos: str,
+             overrides: tuple[tuple[str, str, object], ...] = ()) -> Scenario:
+    """The run's scenario; ``overrides`` (``--set``): (section, key, value), section ``inference``
+    or a policy's name (its options)."""
     per = peak_cores / len(SERVICES)
     services = [{"id": sid, "model": m, "slo_p99_ms": slo, "peak_rate_per_s": max(0.01, peak_rate(m, slo, per)),
                  "rate": {"kind": "diurnal", "start_hour": 14.0 - horizon_s / 7200.0}} for sid, m, slo in SERVICES]
     pool_count = int(math.ceil(peak_cores * 1.6 / 30.0)) + 2
+    options: dict[str, dict] = {"static": {"placement": "pack"}, "nearchus": {"placement": "pack", "trim_ps": False}}
+    inference = {"services": services, "pool": {"count": pool_count, "cores": 32}, "system_reserve_cores": RESERVE,
+                 "coordination": coordination, "need_variation": variation, "need_scale": scale, "training_qos": qos}
+    for section, key, value in overrides:
+        (inference if section == "inference" else options.setdefault(section, {}))[key] = value
     return parse_scenario({
         "name": "openb-gpu", "seed": seed, "horizon_s": horizon_s,
         "cluster": {"node_list": str(nodes_csv), "nic_gbps": nic_gbps},
         "workload": {"kind": "synthetic", "jobs": 1},  # replaced by the packed pods
         # NEARCHUS without PS trims on GPU pods (module docstring): their PS update is on the step's critical path
-        "policy": {"options": {"static": {"placement": "pack"}, "nearchus": {"placement": "pack", "trim_ps": False}}},
-        "inference": {"services": services, "pool": {"count": pool_count, "cores": 32},
-                      "system_reserve_cores": RESERVE, "coordination": coordination, "need_variation": variation,
-                      "need_scale": scale, "training_qos": qos},
-    }, "bench/reamer.py")
+        "policy": {"options": options},
+        "inference": inference,
+    }, "bench/reamer.py --set" if overrides else "bench/reamer.py")
 
 
 def one(args) -> dict:
-    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation, scale, nic, qos = args
+    seed, packing, load, name, nodes_csv, horizon_s, peak_cores, variation, scale, nic, qos, overrides = args
     training, harvest, coordination = POLICIES[name]
-    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, coordination, variation, scale, nic, qos)
+    sc = scenario(seed, Path(nodes_csv), horizon_s, peak_cores, coordination, variation, scale, nic, qos, overrides)
     pods = gpu_pods()
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pods))
@@ -238,8 +251,11 @@ def one(args) -> dict:
     m["wall_s"] = r.metrics["wall_s"]
     m["training_jobs"] = float(len(jobs))
     m["training_samples"] = sum(j.samples for j in r.jobs)  # of the jobs that ended within the horizon
-    return run_entry(sc.name, seed, name, m, {"packing_pct": packing, "peak_load": load, "need_variation": variation,
-                                              "need_scale": scale, "nic_gbps": nic, "training_qos": qos})
+    params = {"packing_pct": packing, "peak_load": load, "need_variation": variation, "need_scale": scale,
+              "nic_gbps": nic, "training_qos": qos}
+    if overrides:
+        params["set"] = " ".join(f"{sec}.{key}={json.dumps(v)}" for sec, key, v in overrides)
+    return run_entry(sc.name, seed, name, m, params)
 
 
 _NODES: tuple[Path, float, float] = (Path(), 0.0, 0.0)
@@ -259,6 +275,10 @@ def main() -> int:
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--loads", type=float, nargs="+", default=[0.25, 0.5],
                     help="peak loads (× unrequested GPU-node cores at 70%% packing)")
+    ap.add_argument("--packings", type=int, nargs="+", default=[70, 85, 95], help="GPU packing %% of the clusters")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a key of the scenario's inference section (inference.need_percentile=75) or a "
+                         "policy's option (reamer.stable_s=60); VALUE is JSON; repeatable; implies --no-docs")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite the Cloud Reamer table in docs/results.md")
     ap.add_argument("--need-variation", type=_number_or_pai, default="pai2020",
                     help="each job's per-window input-pipeline cost drift: a log-sd for every job, or pai2020 "
@@ -274,6 +294,7 @@ def main() -> int:
                     help="training pods' CPU QoS, each run under every one given: guaranteed (limit = request) and "
                          "burstable (no CPU limit: an input-bound GPU worker runs on its node's idle cores)")
     a = ap.parse_args()
+    overrides = tuple(_override(ap, x) for x in a.overrides)
     if not (OPENB_NODES.is_file() and OPENB_PODS.is_file()):
         print(f"needs the openb data in {OPENB_NODES.parent}", file=sys.stderr)
         return 2
@@ -282,6 +303,17 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-reamer-"))
     nodes = gpu_nodes(n_nodes, tmp)
     _init(nodes)
+    if overrides:  # every value checked before any run: one line naming the bad one
+        try:
+            for name in a.policies:
+                training, harvest, coordination = POLICIES[name]
+                sc = scenario(1, nodes[0], horizon, 1.0, coordination, a.need_variation, a.need_scale, a.nic_gbps,
+                              a.training_qos[0], overrides)
+                training_policy(sc.policy, "bench/reamer.py --set", training)
+                harvest_policy(sc.policy, "bench/reamer.py --set", shipped_profiles().inference, 60.0, harvest)
+        except (InputError, ValidationError) as e:
+            ap.error(str(e).splitlines()[0] if isinstance(e, InputError) else f"--set: {e.errors()[0]['loc']}: "
+                     f"{e.errors()[0]['msg']}")
     pods = gpu_pods()
     tasks = []
     for seed in seeds:
@@ -289,11 +321,11 @@ def main() -> int:
         ref = pick(pods, order, nodes[1], 0.70)
         unrequested = nodes[2] - sum(p[1] for p in ref)
         for qos in a.training_qos:
-            for packing in (70, 85, 95):
+            for packing in a.packings:
                 for load in a.loads:
                     for name in a.policies:
                         tasks.append((seed, packing, load, name, str(nodes[0]), horizon, load * unrequested,
-                                      a.need_variation, a.need_scale, a.nic_gbps, qos))
+                                      a.need_variation, a.need_scale, a.nic_gbps, qos, overrides))
     t0 = time.perf_counter()
     runs = []
     with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes,)) as ex:
@@ -319,7 +351,7 @@ def main() -> int:
                     ratios[f"{key}_{k[:-4]}_min_pct"] = min(vals)
                     ratios[f"{key}_{k[:-4]}_max_pct"] = max(vals)
     write_json(a.json_out, document("reamer", runs, ratios))
-    if not a.no_docs:
+    if not (a.no_docs or overrides):
         write_docs(runs, seeds, a.quick)
     print(f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {a.json_out}")
     hdr = f"{'policy':16} {'qos':10} {'pack':>4} {'load':>5} " + " ".join(f"{k[:12]:>12}" for k in KEYS[:10])
@@ -329,6 +361,18 @@ def main() -> int:
         vals = " ".join(f"{(m[k] if m[k] is not None else float('nan')):12.2f}" for k in KEYS[:10])
         print(f"{r['policy']:16} {r['params']['training_qos']:10} {r['params']['packing_pct']:>4} {r['params']['peak_load']:>5} {vals}  s{r['seed']}")
     return 0
+
+
+def _override(ap: argparse.ArgumentParser, text: str) -> tuple[str, str, object]:
+    """``SECTION.KEY=VALUE`` of ``--set`` as (section, key, value); VALUE as JSON, else as a string."""
+    m = re.fullmatch(r"([\w-]+)\.(\w+)=(.*)", text)
+    if m is None:
+        ap.error(f"--set {text!r}: expected SECTION.KEY=VALUE (inference.need_percentile=75, reamer.stable_s=60)")
+    try:
+        value = json.loads(m[3])
+    except json.JSONDecodeError:
+        value = m[3]
+    return m[1], m[2], value
 
 
 def _number_or_pai(text: str) -> float | str:

@@ -47,3 +47,25 @@ def test_the_need_options_take_a_number_or_pai2020():
         b._number_or_pai("lots")
     assert set(b.POLICIES) >= {"static+reamer", "nearchus+reamer-uncoordinated", "nearchus+reamer"}
     assert b.POLICIES["nearchus+reamer-uncoordinated"][2] == "none" and b.POLICIES["nearchus+reamer"][2] == "joint"
+
+
+def test_set_overrides_the_inference_section_and_a_policys_options(tmp_path):
+    b = _bench()
+    ap = argparse.ArgumentParser()
+    ov = (b._override(ap, "inference.need_percentile=75"), b._override(ap, "reamer.stable_s=60"),
+          b._override(ap, "inference.coordination=none"))
+    assert ov == (("inference", "need_percentile", 75), ("reamer", "stable_s", 60), ("inference", "coordination", "none"))
+    nodes = tmp_path / "n.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,8,V100M16\n")  # openb's node list columns
+    sc = b.scenario(1, nodes, 3600.0, 4.0, "joint", 0.0, 1.0, 100.0, "burstable", ov)
+    assert sc.inference.need_percentile == 75 and sc.inference.coordination == "none"
+    assert sc.policy.options["reamer"] == {"stable_s": 60}
+    assert sc.policy.options["nearchus"]["trim_ps"] is False  # the bench's own options stay
+    assert b.scenario(1, nodes, 3600.0, 4.0, "joint", 0.0, 1.0, 100.0, "burstable").inference.need_percentile == 95
+
+
+def test_set_rejects_what_is_not_section_key_value(capsys):
+    b = _bench()
+    with pytest.raises(SystemExit) as e:
+        b._override(argparse.ArgumentParser(prog="reamer.py"), "stable_s")
+    assert e.value.code == 2 and "expected SECTION.KEY=VALUE" in capsys.readouterr().err
