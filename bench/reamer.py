@@ -295,6 +295,10 @@ def main() -> int:
                          "burstable (no CPU limit: an input-bound GPU worker runs on its node's idle cores)")
     a = ap.parse_args()
     overrides = tuple(_override(ap, x) for x in a.overrides)
+    if not all(0 < p <= 100 for p in a.packings):
+        ap.error(f"--packings {' '.join(map(str, a.packings))}: expected GPU packing percentages in (0, 100]")
+    if not all(x > 0 for x in a.loads):
+        ap.error(f"--loads {' '.join(map(str, a.loads))}: expected peak loads > 0")
     if not (OPENB_NODES.is_file() and OPENB_PODS.is_file()):
         print(f"needs the openb data in {OPENB_NODES.parent}", file=sys.stderr)
         return 2

@@ -69,3 +69,14 @@ def test_set_rejects_what_is_not_section_key_value(capsys):
     with pytest.raises(SystemExit) as e:
         b._override(argparse.ArgumentParser(prog="reamer.py"), "stable_s")
     assert e.value.code == 2 and "expected SECTION.KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--packings", "150"], ["--loads", "0"], ["--set", "reamer"]])
+def test_bad_arguments_stop_before_any_run(args, tmp_path, monkeypatch, capsys):
+    b = _bench()
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", ["reamer.py", "--json", str(out), *args])
+    with pytest.raises(SystemExit) as e:
+        b.main()
+    assert e.value.code == 2 and not out.exists()
+    assert len([x for x in capsys.readouterr().err.splitlines() if "error:" in x]) == 1
