@@ -71,8 +71,6 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.modules.pop("reamer", None) if getattr(sys.modules.get("reamer"), "__file__", "") == __file__ else None
 
-from pydantic import ValidationError  # noqa: E402
-
 from reamer.errors import InputError  # noqa: E402
 from reamer.runtime import simulate  # noqa: E402
 from reamer.runtime.policies import harvest_policy, training_policy  # noqa: E402
@@ -307,17 +305,22 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-reamer-"))
     nodes = gpu_nodes(n_nodes, tmp)
     _init(nodes)
-    if overrides:  # every value checked before any run: one line naming the bad one
+    if overrides:  # every override checked before any run: one line naming the bad one
+        trainers, harvesters = {t for t, _, _ in POLICIES.values()}, {h for _, h, _ in POLICIES.values()}
+        src = "bench/reamer.py --set"
         try:
-            for name in a.policies:
-                training, harvest, coordination = POLICIES[name]
-                sc = scenario(1, nodes[0], horizon, 1.0, coordination, a.need_variation, a.need_scale, a.nic_gbps,
-                              a.training_qos[0], overrides)
-                training_policy(sc.policy, "bench/reamer.py --set", training)
-                harvest_policy(sc.policy, "bench/reamer.py --set", shipped_profiles().inference, 60.0, harvest)
-        except (InputError, ValidationError) as e:
-            ap.error(str(e).splitlines()[0] if isinstance(e, InputError) else f"--set: {e.errors()[0]['loc']}: "
-                     f"{e.errors()[0]['msg']}")
+            sc = scenario(1, nodes[0], horizon, 1.0, "joint", a.need_variation, a.need_scale, a.nic_gbps,
+                          a.training_qos[0], overrides)
+            for section in sorted({sec for sec, _, _ in overrides} - {"inference"}):
+                if section in trainers:
+                    training_policy(sc.policy, src, section)
+                elif section in harvesters:
+                    harvest_policy(sc.policy, src, shipped_profiles().inference, 60.0, section)
+                else:
+                    ap.error(f"--set {section}.…: expected a section among inference, "
+                             f"{', '.join(sorted(trainers | harvesters))}")
+        except InputError as e:
+            ap.error(str(e).splitlines()[0])
     pods = gpu_pods()
     tasks = []
     for seed in seeds:
