@@ -76,7 +76,7 @@ from reamer.runtime import simulate  # noqa: E402
 from reamer.runtime.policies import harvest_policy, training_policy  # noqa: E402
 from reamer.config.scenario import Scenario, parse_scenario  # noqa: E402
 from reamer.domain import Resources, TrainingJob  # noqa: E402
-from reamer.models.inference import size_service  # noqa: E402
+from reamer.models.inference import share_results, size_service  # noqa: E402
 from reamer.models.profiles import shipped_profiles  # noqa: E402
 from reamer.models.zoo import ZOO  # noqa: E402
 from reamer.policies.harvest import ReamerConfig  # noqa: E402
@@ -259,9 +259,12 @@ def one(args) -> dict:
 _NODES: tuple[Path, float, float] = (Path(), 0.0, 0.0)
 
 
-def _init(nodes) -> None:
+def _init(nodes, results: Path | None = None) -> None:
+    """A worker's set-up: the GPU nodes, and the file through which the workers share their
+    latency-model results (each would otherwise compute the same capacities and laws)."""
     global _NODES
     _NODES = nodes
+    share_results(results)
 
 
 def main() -> int:
@@ -302,7 +305,8 @@ def main() -> int:
         return 2
     seeds = a.seeds or ([1, 2] if a.quick else [1, 2, 3])
     n_nodes, horizon = (12, 6 * 3600.0) if a.quick else (24, 12 * 3600.0)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-reamer-"))
+    tmp_dir = tempfile.TemporaryDirectory(prefix="bench-reamer-")  # removed after the runs (or at exit)
+    tmp = Path(tmp_dir.name)
     nodes = gpu_nodes(n_nodes, tmp)
     _init(nodes)
     if overrides:  # every override checked before any run: one line naming the bad one
@@ -335,11 +339,12 @@ def main() -> int:
                                       a.need_variation, a.need_scale, a.nic_gbps, qos, overrides))
     t0 = time.perf_counter()
     runs = []
-    with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes,)) as ex:
+    with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes, tmp / "latency-results")) as ex:
         for r in ex.map(one, tasks):
             runs.append(r)
             print(f"\r{len(runs)}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
+    tmp_dir.cleanup()
     speedups(runs)
     ratios: dict[str, float] = {}
     for qos in a.training_qos:

@@ -199,6 +199,49 @@ def test_latency_laws_are_kept_within_their_byte_budget():
     assert laws._bytes == sum(v.nbytes * 2 for v, _ in laws._laws.values())
 
 
+def test_shared_results_come_back_bit_for_bit_and_only_as_whole_lines(tmp_path):
+    from reamer.models.inference import SharedResults
+
+    path = tmp_path / "results"
+    a, b = SharedResults(path), SharedResults(path)  # two processes' views of one file
+    assert b.get("k") is None  # no file yet
+    a.put("k", [math.inf, 0.1 + 0.2])
+    a.put("j", 1 / 3)
+    assert b.get("k") == [math.inf, 0.1 + 0.2] and b.get("j") == 1 / 3
+    with path.open("a") as f:
+        f.write("half\t[1.0,")  # a line another process is still writing
+    assert b.get("half") is None
+    with path.open("a") as f:
+        f.write(" 2.0]\n")
+    assert b.get("half") == [1.0, 2.0]
+
+
+def test_capacity_shared_between_processes_is_not_computed_again(tmp_path, monkeypatch):
+    """What one process computed, another sharing the file reads instead of computing
+    (the same value); without sharing every process computes its own."""
+    import reamer.models.inference as inf
+
+    prof = PROFILES["resnet50"]
+    slo = 3.7 * service_time_s(prof, 2, 1)
+    try:
+        inf.share_results(tmp_path / "results")
+        first = inf.capacity_per_replica.__wrapped__(prof, 2, 8, 0.0, slo)
+        inf.share_results(tmp_path / "results")  # another process: nothing in memory yet
+
+        def no_compute(*args):
+            raise AssertionError("computed again")
+
+        monkeypatch.setattr(inf, "_capacity", no_compute)
+        assert inf.capacity_per_replica.__wrapped__(prof, 2, 8, 0.0, slo) == first
+        inf.share_results(None)
+        with pytest.raises(AssertionError, match="computed again"):
+            inf.capacity_per_replica.__wrapped__(prof, 2, 8, 0.0, slo)
+    finally:
+        inf.share_results(None)
+        monkeypatch.undo()
+    assert first == capacity_per_replica(prof, 2, 8, 0.0, slo)  # what the cached function gives
+
+
 @pytest.mark.parametrize("model,rate,slo", [("resnet50", 120.0, 0.25), ("mobilenet_v2", 900.0, 0.05)])
 def test_sizing_meets_the_slo_in_the_request_level_sim(model, rate, slo):
     prof = PROFILES[model]

@@ -43,11 +43,15 @@ the total cores of ``ceil(rate / capacity)`` replicas.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import math
+import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -350,6 +354,75 @@ class _Laws:
 _LAWS = _Laws(256 * 2**20)
 
 
+class SharedResults:
+    """Results of the latency model's costly pure functions, shared through one append-only
+    file by processes that compute the same ones (the workers of one benchmark). A line is
+    ``key<TAB>value``: the key a digest of the function's name and the ``repr`` of its
+    arguments, the value its JSON (floats round-trip exactly, ``inf`` included), so a result
+    read back is bit for bit the one computed. Each line is one ``write`` to a file opened
+    with ``O_APPEND``: lines of two processes never interleave; a reader takes only complete
+    lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._known: dict[str, object] = {}
+        self._offset = 0
+
+    @staticmethod
+    def key(name: str, args: tuple) -> str:
+        return hashlib.blake2b(f"{name}{args!r}".encode(), digest_size=16).hexdigest()
+
+    def get(self, key: str) -> object | None:
+        if key not in self._known:
+            self._read()
+        return self._known.get(key)
+
+    def put(self, key: str, value: object) -> None:
+        self._known[key] = value
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{key}\t{json.dumps(value)}\n".encode())
+        finally:
+            os.close(fd)
+
+    def _read(self) -> None:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+        for line in data[:end].decode().splitlines():
+            key, _, value = line.partition("\t")
+            self._known[key] = json.loads(value)
+        self._offset += end
+
+
+_SHARED: SharedResults | None = None
+
+
+def share_results(path: Path | None) -> None:
+    """Share this process's capacity and latency results with every other process given the
+    same ``path`` (None: keep them to this process, the default). Process-wide, like the law
+    cache: for a benchmark's worker processes, set by their initializer."""
+    global _SHARED
+    _SHARED = SharedResults(path) if path is not None else None
+
+
+def shared(name: str, fn: Callable, *args):
+    """``fn(*args)``, or the result another process sharing results (:func:`share_results`)
+    computed for the same ``name`` and arguments; a tuple result comes back as a tuple."""
+    if _SHARED is None:
+        return fn(*args)
+    key = _SHARED.key(name, args)
+    got = _SHARED.get(key)
+    if got is None:
+        got = fn(*args)
+        _SHARED.put(key, got)
+    return tuple(got) if isinstance(got, list) else got
+
+
 def _dist(lam: float, s: tuple[float, ...], B: int, tau: float) -> tuple[np.ndarray, np.ndarray]:
     """Sorted atom values and their mid-point CDF (a continuous, piecewise-linear law)."""
     return _LAWS.get((lam, s, B, tau))
@@ -485,6 +558,12 @@ def capacity_per_replica(
     whose *stationary* p99 equals the SLO misses it in 20-45% of one-minute windows (the
     per-minute p99 scatters around it); at stationary p99.9 = SLO that falls to about 0-2%.
     """
+    return shared("capacity_per_replica", _capacity, profile, cores, max_batch, max_wait_s, slo_p99_s, slowdown,
+                  quantile)
+
+
+def _capacity(profile: InferenceProfile, cores: float, max_batch: int, max_wait_s: float, slo_p99_s: float,
+              slowdown: float, quantile: float) -> float:
     if analytic_quantile_s(quantile, 0.0, profile, cores, max_batch, max_wait_s, slowdown) > slo_p99_s:
         return 0.0
     sat = max_throughput_per_s(profile, cores, max_batch, slowdown)

@@ -89,6 +89,7 @@ from reamer.models.inference import (
     analytic_slo_miss,
     max_throughput_per_s,
     routing_weights,
+    shared,
 )
 from reamer.workloads.need import Ar1, NeedProcess, pai2020_variation
 from reamer.workloads.rates import diurnal_rates, read_genai_qps
@@ -122,6 +123,11 @@ def cfs_split(avail: float, train_demand: float, train_weight: float, inf_demand
 def _replica_latency(profile: InferenceProfile, cores: float, max_batch: int, max_wait_s: float, slo_s: float,
                      slowdown: float, rho_q: int) -> tuple[float, float]:
     """(p99 s, share of requests over the SLO) of one replica at load ratio ``rho_q × RHO_GRID``."""
+    return shared("replica_latency", _latency, profile, cores, max_batch, max_wait_s, slo_s, slowdown, rho_q)
+
+
+def _latency(profile: InferenceProfile, cores: float, max_batch: int, max_wait_s: float, slo_s: float,
+             slowdown: float, rho_q: int) -> tuple[float, float]:
     rho = rho_q * RHO_GRID
     if rho >= RHO_MAX:
         return math.inf, 1.0
