@@ -159,6 +159,7 @@ class ClusterState:
         # containers per node, insertion-ordered (not a set) so that sums over them are
         # reproducible across processes whatever the string-hash seed
         self.on_node: dict[str, dict[str, None]] = {n.name: {} for n in self.nodes}
+        self._on: dict[str, tuple[Container, ...]] = {}  # containers_on, until a container of the node changes
         self.cpu_alloc = self.gpu_alloc = 0.0  # Σ allocated over all nodes
 
     # ------------------------------------------------------------------ events
@@ -233,9 +234,12 @@ class ClusterState:
     def container(self, cid: str) -> Container:
         return self.jobs[self.owner[cid]].containers[cid]
 
-    def containers_on(self, node: str) -> list[Container]:
+    def containers_on(self, node: str) -> tuple[Container, ...]:
         """The training containers on ``node``, in placement order."""
-        return [self.jobs[self.owner[cid]].containers[cid] for cid in self.on_node[node]]
+        got = self._on.get(node)
+        if got is None:
+            got = self._on[node] = tuple(self.jobs[self.owner[cid]].containers[cid] for cid in self.on_node[node])
+        return got
 
     def cpu_limits(self, node: str) -> float:
         """Σ CPU limits of the training containers on ``node``."""
@@ -313,6 +317,7 @@ class ClusterState:
         j.containers[c.id] = c
         self.owner[c.id] = j.spec.id
         self.on_node[c.node][c.id] = None
+        self._on.pop(c.node, None)
 
     def _unplace(self, c: Container) -> None:
         self.free[c.node] = self.free[c.node] + c.res
@@ -321,6 +326,7 @@ class ClusterState:
         self.cpu_alloc -= c.res.cpu
         self.gpu_alloc -= c.res.gpu
         self.on_node[c.node].pop(c.id, None)
+        self._on.pop(c.node, None)
         del self.owner[c.id]
 
     def _changed(self, j: JobRecord, now: float) -> None:
@@ -355,6 +361,7 @@ class ClusterState:
         self.cpu_alloc += d.res.cpu - c.res.cpu
         self.gpu_alloc += d.res.gpu - c.res.gpu
         new = j.containers[c.id] = Container(c.id, c.owner, c.role, c.node, d.res, c.cpuset)
+        self._on.pop(c.node, None)
         return SetQuota(j.spec.id, new, c.res)
 
     def _add(self, d: AddContainer, now: float) -> Reshape:
