@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +106,10 @@ class Side:
     threads: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
+    """One step's time breakdown and what it keeps busy (immutable; a named tuple, not a
+    dataclass: the simulator makes one per job re-timing)."""
+
     t_comp: float
     t_net: float
     t_ps: float
@@ -185,19 +188,9 @@ class StepPlan:
             t_comp = max(t_comp, gpu_t + max(0.0, t_pipe - (gpu_t + t_net + t_ps)))  # only if slower
         t = t_comp + t_net + t_ps
         cpu_s += self.ps_cores * t_ps
-        return Step(
-            t_comp=t_comp,
-            t_net=t_net,
-            t_ps=t_ps,
-            speed=self.workers * batch / t,
-            worker_busy=t_comp / t,
-            ps_busy=t_ps / t,
-            net_busy=t_net / t,
-            gpu_busy=gpu_t / t,
-            t_pipe=t_pipe,
-            cpu_used=cpu_s / t,
-            gpu_used=self.gpu_s / t,
-        )
+        # t_comp, t_net, t_ps, speed, worker_busy, ps_busy, net_busy, gpu_busy, t_pipe, cpu_used, gpu_used
+        return Step(t_comp, t_net, t_ps, self.workers * batch / t, t_comp / t, t_ps / t, t_net / t, gpu_t / t, t_pipe,
+                    cpu_s / t, self.gpu_s / t)
 
 
 class _Zero:

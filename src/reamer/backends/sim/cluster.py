@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -649,9 +649,8 @@ class SimCluster:
         to ``k`` of its speed (its use is what sustains that speed)."""
         if k >= 1.0:
             return base
-        return replace(base, speed=base.speed * k, cpu_used=base.cpu_used * k, gpu_used=base.gpu_used * k,
-                       worker_busy=base.worker_busy * k, ps_busy=base.ps_busy * k, net_busy=base.net_busy * k,
-                       gpu_busy=base.gpu_busy * k)
+        return Step(base.t_comp, base.t_net, base.t_ps, base.speed * k, base.worker_busy * k, base.ps_busy * k,
+                    base.net_busy * k, base.gpu_busy * k, base.t_pipe, base.cpu_used * k, base.gpu_used * k)
 
     def set_contention(self, factors: dict[str, float], now: float) -> None:
         """Set the per-node contention shares (nodes absent: none) and re-time affected jobs."""
