@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from reamer.runtime import simulate
+from reamer.backends.sim.cluster import NOISES_PER_CONTAINER, _container_telemetry
 from reamer.backends.sim.inference import cfs_split
 from reamer.config.scenario import parse_scenario
+from reamer.domain import Container, Resources, Role
 from reamer.errors import InputError
+from reamer.models.profiles import shipped_profiles
+from reamer.models.training import Step
+from reamer.runtime import simulate
 
 HEADER = "id,model,arrival_s,ps,workers,ps_cpu,worker_cpu,worker_gpu,duration_s\n"
 GPU_NODE = {"name": "gpu", "count": 1, "cores": 48, "mem_gib": 256, "gpus": 4, "gpu_model": "V100M32"}
@@ -197,6 +201,21 @@ def test_a_burstable_input_bound_job_runs_on_the_node_s_idle_cores(tmp_path):
     job = burst.jobs[0]
     used = burst.metrics["cpu_util_pct"] / 100 * 48 * 7200 / (job.end_s - job.start_s)  # cores while it ran
     assert used > 11.0  # above the 11 cores it requests (worker + PS)
+
+
+def test_an_input_bound_worker_reads_throttled_only_under_a_cpu_limit():
+    """A GPU worker whose input pipeline stalls its step: under a limit the CFS quota throttles
+    it; burstable, it has no quota, so it is never throttled and its stall shows as CPU used
+    above its request instead (as ``cpu.stat`` reads for a cgroup without a quota)."""
+    prof = shipped_profiles().models["resnet50"]
+    st = Step(t_comp=0.1, t_net=0.0, t_ps=0.0, speed=320.0, worker_busy=1.0, ps_busy=0.0, net_busy=0.0,
+              gpu_busy=0.6, t_pipe=0.1)
+    w = Container("w", "j", Role.WORKER, "n", Resources(10, 1024, 1))
+    noise = [1.0] * NOISES_PER_CONTAINER
+    limited = _container_telemetry(st, prof, (w,), [10.0], noise, 0)["w"]
+    burst = _container_telemetry(st, prof, (w,), [10.0], noise, 0, cores=[14.0], burstable=True)["w"]
+    assert limited.throttled_ratio == 1.0 and limited.cpu_used == 10.0
+    assert burst.throttled_ratio == 0.0 and burst.cpu_used == 14.0 > burst.cpu_limit
 
 
 def test_a_harvester_that_counts_requests_slows_a_bursting_job_and_reamer_does_not(tmp_path):

@@ -123,11 +123,12 @@ class _Readings(Mapping[str, ContainerTelemetry]):
 
 def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Container, ...], caps: list[float],
                          noise: Sequence[float], k: int, cores: Sequence[float] | None = None,
-                         ) -> dict[str, ContainerTelemetry]:
+                         burstable: bool = False) -> dict[str, ContainerTelemetry]:
     """Each container's readings: its role's share of the step (busy, throttled, traffic),
     scaled by its own four noise factors from ``noise[k:]``; ``caps``: its link's capacity;
     ``cores``: the cores it runs on (None: its CPU limits; more where burstable training
-    bursts)."""
+    bursts). ``burstable``: GPU workers have no CFS quota, so they are never throttled (their
+    pipeline's stall shows as CPU used above the request instead)."""
     bits = 8.0 * prof.param_bytes
     n_w = sum(1 for c in containers if c.role is Role.WORKER)
     n_ps = len(containers) - n_w
@@ -135,7 +136,8 @@ def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Contain
     w_busy = w_throttled = st.worker_busy
     if prof.gpu_samples_per_s > 0:  # a GPU worker runs the input pipeline's threads for t_pipe
         g_busy = min(1.0, st.t_pipe / t)
-        g_throttled = g_busy if st.t_pipe >= t * (1 - 1e-9) else 0.0  # it stalls the step
+        stalls = not burstable and st.t_pipe >= t * (1 - 1e-9)
+        g_throttled = g_busy if stalls else 0.0  # the quota stalls the step
     else:
         g_busy = g_throttled = w_busy
     w_traffic = 2.0 * bits / t / 1e9
@@ -283,7 +285,8 @@ class SimCluster:
             containers = tuple(j.rec.containers.values())
             caps = [j.host or self._bw(c) for c in containers]  # as of now
             cores = [self._cores(c) for c in containers] if self.burst else None
-            readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1, cores))
+            readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1, cores,
+                                  self.burstable))
             out[jid] = JobTelemetry(since, max(0.0, speed), readings)
             k += 1 + NOISES_PER_CONTAINER * len(containers)
             j.tel_since, j.tel_done = now, j.done
