@@ -343,7 +343,11 @@ class SimInference:
             new = sum(c.res.cpu for c in here if c.id not in last)
             need = None
             if sec.training_need != "limits":
-                sums = [sum(h.get(c.id, 0.0) for c in here) for h in hist] or [0.0]
+                kept = self._use_sums.get(n.name)
+                if kept is not None and len(kept[0]) == len(here) and all(c.id in kept[0] for c in here):
+                    sums = kept[1]  # the same containers as the window's: its sums
+                else:
+                    sums = [sum(h.get(c.id, 0.0) for c in here) for h in hist] or [0.0]
                 need = max(sums[-1], percentile(sums, sec.need_percentile)) + new
             usage[n.name] = self._node_usage(n, now, need, self._used.get(n.name, 0.0))
         return self._snapshot(now, m, usage)
