@@ -445,22 +445,29 @@ class SimCluster:
         if new.net_busy != old.net_busy or (new.speed > 0) != (old.speed > 0):
             self._set_flows(j)
 
-    def _refresh(self, nodes: Iterable[str], jobs: Iterable[str], now: float) -> None:
+    def _refresh(self, nodes: Iterable[str], jobs: Iterable[str], now: float, contended: bool = False) -> None:
         """Re-time ``jobs``, then every job on a node among ``nodes`` (or among the re-timed
         jobs' nodes) whose bandwidth factor moved by more than ``FACTOR_TOLERANCE`` since its
         jobs were last timed: a node whose flows are still as requested leaves its jobs as they
         are. A re-timed job's new flows move its nodes' factors in turn: repeated up to
-        ``REFRESH_PASSES`` times."""
+        ``REFRESH_PASSES`` times. Bursts are re-shared on ``nodes`` (unless only their
+        ``contended`` shares moved: a burst is of the uncontended step) and wherever a job's
+        uncontended step moved."""
         check = set(nodes)
+        burst = set() if contended else set(check)
         todo = sorted(set(jobs))
         owner, on_node, timed = self.state.owner, self.state.on_node, self._timed
         for _ in range(REFRESH_PASSES):
             for jid in todo:
+                j = self.jobs[jid]
+                base = j.base
                 if self._retime(jid, now):
-                    check.update(c.node for c in self.jobs[jid].rec.containers.values())
+                    check.update(c.node for c in j.rec.containers.values())
+                if j.base is not base and j.base != base:
+                    burst.update(c.node for c in j.rec.containers.values())
             more: set[str] = set()
             if self.burstable:
-                for node in sorted(check):
+                for node in sorted(burst):
                     more |= self._burst_node(node)
             for node in check:
                 f = self._factor(node)
@@ -473,7 +480,7 @@ class SimCluster:
                     more.update(owner[c] for c in on_node[node])
             if not more:
                 return
-            todo, check = sorted(more), set()
+            todo, check, burst = sorted(more), set(), set()
 
     def _cores(self, c: Container) -> float:
         """The cores a container runs on: its CPU limit, plus its burst (burstable training)."""
@@ -663,7 +670,7 @@ class SimCluster:
         self.integrate(now)
         self.contention = {n: k for n, k in factors.items() if k < 1.0}
         owner, on_node = self.state.owner, self.state.on_node
-        self._refresh(changed, {owner[c] for n in changed for c in on_node[n]}, now)
+        self._refresh(changed, {owner[c] for n in changed for c in on_node[n]}, now, contended=True)
 
     def set_input_scale(self, scales: dict[str, float], now: float) -> None:
         """Set per-job factors on the input-pipeline cost (a job's CPU need) and re-time them."""
