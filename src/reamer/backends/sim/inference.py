@@ -433,7 +433,7 @@ class SimInference:
         """
         sec = self.sec
         m = min(self.window(now), self.windows - 1)
-        busy = self._busy_shares(m)
+        busy: dict[str, float] | None = None  # looked up where training is short of CPU
         per_node: dict[str, list[Replica]] = {}
         for _, r in self.replicas.replicas():
             per_node.setdefault(r.node, []).append(r)
@@ -450,6 +450,7 @@ class SimInference:
             s_inf = cores_inf / got_i if got_i > 0 else math.inf
             k = 1.0
             if use > 0 and got_t < use:
+                busy = self._busy_shares(m) if busy is None else busy
                 beta = min(1.0, sum(r.cores * busy.get(r.id, 1.0) for r in reps) / cores_inf * s_inf)
                 k = 1.0 - beta * (1.0 - got_t / use)
             k /= 1.0 + sec.training_interference * cores_inf / n.cores
