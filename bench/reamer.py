@@ -338,12 +338,16 @@ def main() -> int:
                         tasks.append((seed, packing, load, name, str(nodes[0]), horizon, load * unrequested,
                                       a.need_variation, a.need_scale, a.nic_gbps, qos, overrides))
     t0 = time.perf_counter()
-    runs = []
+    # the highest loads (the longest runs) first, so the workers end on short ones together;
+    # the runs are reported in the order above
+    order = sorted(range(len(tasks)), key=lambda i: -tasks[i][2])
+    done: dict[int, dict] = {}
     with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes, tmp / "latency-results")) as ex:
-        for r in ex.map(one, tasks):
-            runs.append(r)
-            print(f"\r{len(runs)}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s", end="", file=sys.stderr, flush=True)
+        for i, r in zip(order, ex.map(one, [tasks[i] for i in order])):
+            done[i] = r
+            print(f"\r{len(done)}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
+    runs = [done[i] for i in range(len(tasks))]
     tmp_dir.cleanup()
     speedups(runs)
     ratios: dict[str, float] = {}
