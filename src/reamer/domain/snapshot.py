@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -11,9 +12,9 @@ from reamer.domain.cluster import Node, Resources
 from reamer.domain.jobs import JobView
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerTelemetry:
-    """Measured over the last interval, per container."""
+class ContainerTelemetry(NamedTuple):
+    """Measured over the last interval, per container (immutable; a named tuple: the
+    simulator makes one per container and interval)."""
 
     cpu_used: float  # cores, average
     cpu_limit: float  # cores
