@@ -12,6 +12,7 @@ saturated.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from reamer.domain import JobTelemetry, JobView, Role
 
@@ -31,8 +32,9 @@ class Thresholds:
 DEFAULT_THRESHOLDS = Thresholds()
 
 
-@dataclass(frozen=True, slots=True)
-class Diagnosis:
+class Diagnosis(NamedTuple):
+    """One job's diagnosis of one interval (a named tuple: made per job and interval)."""
+
     bottleneck: str  # "network" | "worker_network" | "gpu" | "input" | "compute" | "ps" | "none"
     worker_cpu_util: float  # mean used/limit of workers
     worker_throttled: float  # mean share of CFS periods throttled, workers
