@@ -73,6 +73,7 @@ class _Run:
     # threads), worker nodes, PS nodes); None: to be rebuilt (an effect or a burst changed them)
     shape: tuple | None = None
     host: float = 0.0  # the link rate of its one node while all its containers are there (in-host), else 0.0
+    pipe: bool = False  # its model's GPU workers run an input pipeline (GPU job with a GPU rate)
 
 
 @dataclass
@@ -234,7 +235,7 @@ class SimCluster:
     # ------------------------------------------------------------------ events
     def arrive(self, spec: TrainingJob, now: float) -> None:
         rec = self.state.submit(spec, now)
-        self.jobs[spec.id] = _Run(rec, t_last=now)
+        self.jobs[spec.id] = _Run(rec, t_last=now, pipe=self.models[spec.model].gpu_samples_per_s > 0)
         self._queued[spec.id] = rec.view(0.0, now)
 
     def complete(self, jid: str, version: int, now: float) -> bool:
@@ -689,12 +690,13 @@ class SimCluster:
         st = j.step if contended else j.base
         if st.speed <= 0:
             return 0.0
-        t = st.t
+        res = c.res
         if c.role is Role.WORKER:
-            if c.res.gpu > 0 and self.models[j.rec.spec.model].gpu_samples_per_s > 0:
-                return self._cores(c) * min(1.0, st.t_pipe / t) * (st.speed / j.base.speed if contended else 1.0)
-            return c.res.cpu * st.worker_busy
-        return c.res.cpu * st.ps_busy
+            if res.gpu > 0 and j.pipe:
+                use = (res.cpu + self.burst.get(c.id, 0.0)) * min(1.0, st.t_pipe / (st.t_comp + st.t_net + st.t_ps))
+                return use * (st.speed / j.base.speed) if contended else use
+            return res.cpu * st.worker_busy
+        return res.cpu * st.ps_busy
 
     def node_use(self, node: str, contended: bool = False) -> float:
         """Cores the training containers on ``node`` keep busy (:meth:`container_use` summed)."""
