@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import re
@@ -124,12 +125,14 @@ def gpu_nodes(n: int, folder: Path) -> tuple[Path, float, float]:
     return out, sum(float(r["gpu"]) for r in rows), sum(float(r["cpu_milli"]) / 1000 for r in rows)
 
 
-def gpu_pods() -> list[tuple[str, float, float, int, float, float]]:
-    """(name, cores, MiB, GPUs, GPU milli, lifetime s) of every openb GPU pod."""
+@functools.cache
+def gpu_pods() -> tuple[tuple[str, float, float, int, float, float], ...]:
+    """(name, cores, MiB, GPUs, GPU milli, lifetime s) of every openb GPU pod (read once per
+    process)."""
     with OPENB_PODS.open() as f:
-        return [(r["name"], float(r["cpu_milli"]) / 1000, float(r["memory_mib"]), int(r["num_gpu"]),
-                 float(r["gpu_milli"]), max(60.0, float(r["deletion_time"]) - float(r["creation_time"])))
-                for r in csv.DictReader(f) if int(r["num_gpu"] or 0) > 0]
+        return tuple((r["name"], float(r["cpu_milli"]) / 1000, float(r["memory_mib"]), int(r["num_gpu"]),
+                      float(r["gpu_milli"]), max(60.0, float(r["deletion_time"]) - float(r["creation_time"])))
+                     for r in csv.DictReader(f) if int(r["num_gpu"] or 0) > 0)
 
 
 def pick(pods, order: np.ndarray, gpus: float, packing: float) -> list:
@@ -192,8 +195,10 @@ def jobs_of(arrivals, rng: np.random.Generator, nic_gbps: float) -> list[Trainin
     return jobs
 
 
+@functools.cache
 def peak_rate(model: str, slo_ms: float, cores: float) -> float:
-    """Rate whose sizing (as the policies size: headroom, quantile) needs about ``cores`` cores."""
+    """Rate whose sizing (as the policies size: headroom, quantile) needs about ``cores`` cores
+    (the runs of one seed and load share it: found once per process)."""
     cfg = ReamerConfig()
     prof = dict(shipped_profiles().inference)[model]
 
