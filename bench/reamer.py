@@ -77,7 +77,7 @@ from reamer.runtime import simulate  # noqa: E402
 from reamer.runtime.policies import harvest_policy, training_policy  # noqa: E402
 from reamer.config.scenario import Scenario, parse_scenario  # noqa: E402
 from reamer.domain import Resources, TrainingJob  # noqa: E402
-from reamer.models.inference import share_results, size_service  # noqa: E402
+from reamer.models.inference import law_cache, share_results, size_service  # noqa: E402
 from reamer.models.profiles import shipped_profiles  # noqa: E402
 from reamer.models.zoo import ZOO  # noqa: E402
 from reamer.policies.harvest import ReamerConfig  # noqa: E402
@@ -264,12 +264,19 @@ def one(args) -> dict:
 _NODES: tuple[Path, float, float] = (Path(), 0.0, 0.0)
 
 
+# A worker's latency-law cache. At the default 256 MiB, 1,480 of the 7,977 laws seed 3's 108
+# runs compute are recomputed after eviction; at 1 GiB, 162.
+LAW_CACHE_BYTES = 2**30
+
+
 def _init(nodes, results: Path | None = None) -> None:
-    """A worker's set-up: the GPU nodes, and the file through which the workers share their
-    latency-model results (each would otherwise compute the same capacities and laws)."""
+    """A worker's set-up: the GPU nodes, the file through which the workers share their
+    latency-model results (each would otherwise compute the same capacities and laws), and
+    its law cache."""
     global _NODES
     _NODES = nodes
     share_results(results)
+    law_cache(LAW_CACHE_BYTES)
 
 
 def main() -> int:

@@ -314,3 +314,16 @@ def test_serving_path_costs_cpu_per_request_and_delays_every_request():
     assert analytic_p99_s(20.0, served, 1.0, 4, 0.0) == pytest.approx(
         analytic_p99_s(20.0, dataclasses.replace(served, delay_s=0.0), 1.0, 4, 0.0) + 0.0015)
     assert analytic_p99_s(20.0, served, 1.0, 4, 0.0) > analytic_p99_s(20.0, base, 1.0, 4, 0.0)
+
+
+def test_law_cache_bounds_the_process_s_laws(monkeypatch):
+    import reamer.models.inference as inf
+
+    monkeypatch.setattr(inf._LAWS, "max_bytes", inf._LAWS.max_bytes)  # restored after the test
+    inf.law_cache(1)  # one law at most: each new one pushes the one before out
+    s = (0.01, 0.015, 0.02, 0.025)
+    for load in (0.31, 0.52):
+        inf._dist(load * 4 / s[-1], s, 4, 0.0)
+    assert len(inf._LAWS._laws) == 1
+    with pytest.raises(ValueError, match="positive number of bytes"):
+        inf.law_cache(0)

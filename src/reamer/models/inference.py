@@ -354,6 +354,14 @@ class _Laws:
 _LAWS = _Laws(256 * 2**20)
 
 
+def law_cache(max_bytes: int) -> None:
+    """Bound this process's cache of latency laws (default 256 MiB). Process-wide, like
+    :func:`share_results`: a benchmark whose runs reuse laws sets it in its workers."""
+    if max_bytes <= 0:
+        raise ValueError(f"law cache: expected a positive number of bytes, got {max_bytes}")
+    _LAWS.max_bytes = max_bytes
+
+
 class SharedResults:
     """Results of the latency model's costly pure functions, shared through one append-only
     file by processes that compute the same ones (the workers of one benchmark). A line is
