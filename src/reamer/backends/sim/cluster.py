@@ -693,7 +693,7 @@ class SimCluster:
         res = c.res
         if c.role is Role.WORKER:
             if res.gpu > 0 and j.pipe:
-                use = (res.cpu + self.burst.get(c.id, 0.0)) * min(1.0, st.t_pipe / (st.t_comp + st.t_net + st.t_ps))
+                use = self._cores(c) * min(1.0, st.t_pipe / st.t)
                 return use * (st.speed / j.base.speed) if contended else use
             return res.cpu * st.worker_busy
         return res.cpu * st.ps_busy
