@@ -231,6 +231,8 @@ class SimCluster:
         self._queued: dict[str, JobView] = {}
         self._running: dict[str, JobView | None] = {}
         self._stale: set[str] = set()
+        # (node, contended) -> node_use, until a step, burst or container there changes
+        self._node_use: dict[tuple[str, bool], float] = {}
 
     # ------------------------------------------------------------------ events
     def arrive(self, spec: TrainingJob, now: float) -> None:
@@ -443,6 +445,8 @@ class SimCluster:
         self.cpu_used += new.cpu_used - old.cpu_used
         self.gpu_used += new.gpu_used - old.gpu_used
         j.step = new
+        for c in j.rec.containers.values():
+            self._node_use.pop((c.node, True), None)
         if new.net_busy != old.net_busy or (new.speed > 0) != (old.speed > 0):
             self._set_flows(j)
 
@@ -466,6 +470,9 @@ class SimCluster:
                     check.update(c.node for c in j.rec.containers.values())
                 if j.base is not base and j.base != base:
                     burst.update(c.node for c in j.rec.containers.values())
+            for node in burst:  # its containers, their bursts or uncontended steps moved
+                self._node_use.pop((node, False), None)
+                self._node_use.pop((node, True), None)
             more: set[str] = set()
             if self.burstable:
                 for node in sorted(burst):
@@ -699,8 +706,13 @@ class SimCluster:
         return res.cpu * st.ps_busy
 
     def node_use(self, node: str, contended: bool = False) -> float:
-        """Cores the training containers on ``node`` keep busy (:meth:`container_use` summed)."""
-        return sum(self.container_use(c, contended) for c in self.state.containers_on(node))
+        """Cores the training containers on ``node`` keep busy (:meth:`container_use` summed;
+        remembered until a step, burst or container there changes)."""
+        key = (node, contended)
+        use = self._node_use.get(key)
+        if use is None:
+            use = self._node_use[key] = sum(self.container_use(c, contended) for c in self.state.containers_on(node))
+        return use
 
     def speed_share(self) -> tuple[float, int]:
         """(Σ over running jobs of speed / uncontended speed, number of running jobs)."""
