@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -25,13 +26,13 @@ class ContainerTelemetry(NamedTuple):
     gpu_util: float = 0.0  # share of the container's GPU time busy, 0..1
 
 
-@dataclass(frozen=True, slots=True)
-class JobTelemetry:
-    """Measured over ``[since_s, now]`` for one running job."""
+class JobTelemetry(NamedTuple):
+    """Measured over ``[since_s, now]`` for one running job (a named tuple: made per job and
+    interval)."""
 
     since_s: float
     speed: float  # samples/s
-    containers: Mapping[str, ContainerTelemetry] = field(default_factory=dict)
+    containers: Mapping[str, ContainerTelemetry] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,23 +52,24 @@ def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float, si
     time is that link's utilization, so the busier side is the longer transfer; the margin
     keeps measurement noise from calling a tie)."""
     w_util, ps_util, thr, gpu, net, wnet, used, ps_thr = [], [], [], [], 0.0, 0.0, 0.0, 0.0
+    get, worker = tel.containers.get, Role.WORKER
     for c in job.containers:
-        t = tel.containers.get(c.id)
+        t = get(c.id)
         if t is None:
             continue
         util = t.cpu_used / t.cpu_limit if t.cpu_limit > 0 else 0.0
-        (w_util if c.role is Role.WORKER else ps_util).append(util)
-        if c.role is Role.WORKER:
+        link = t.net_gbps / t.net_capacity_gbps if t.net_capacity_gbps > 0 else None
+        if c.role is worker:
+            w_util.append(util)
             thr.append(t.throttled_ratio)
             if c.res.gpu > 0:
                 gpu.append(t.gpu_util)
-        else:
-            ps_thr = max(ps_thr, t.throttled_ratio)
-        if t.net_capacity_gbps > 0:
-            link = t.net_gbps / t.net_capacity_gbps
-            if c.role is Role.WORKER:
+            if link is not None:
                 wnet = max(wnet, link)
-            else:
+        else:
+            ps_util.append(util)
+            ps_thr = max(ps_thr, t.throttled_ratio)
+            if link is not None:
                 net = max(net, link)
         used += t.cpu_used
     wu = sum(w_util) / len(w_util) if w_util else 0.0

@@ -314,19 +314,27 @@ class Nearchus:
              free: FreeMap, tel=None) -> list[Decision]:
         if st.blocked.get(kind, -math.inf) > now:
             return []
+        role = kind.role
+        trims: dict[str, float] = {}  # container id -> the cores a trim leaves it
+        if kind.trims:
+            util = d.ps_cpu_util if role is Role.PS else d.worker_cpu_util
+            for c in job.of_role(role):
+                want = self._round(max(self.cfg.core_step, c.res.cpu * util * (1 + self.cfg.trim_margin)))
+                if want < c.res.cpu:
+                    trims[c.id] = want
+            if not trims:
+                return []  # every container is as small as its use allows
         spec = job.spec
         cores = _cores(job)
         cap = self.cfg.max_growth * _request_cores(spec)
         decisions: list[Decision] = []
         undo: list[tuple[str, Resources]] = []
-        role = kind.role
         if not kind.adds:
             new_total = cores
             for c in job.of_role(role):
                 if kind.trims:
-                    util = d.ps_cpu_util if role is Role.PS else d.worker_cpu_util
-                    want = self._round(max(self.cfg.core_step, c.res.cpu * util * (1 + self.cfg.trim_margin)))
-                    if want >= c.res.cpu:
+                    want = trims.get(c.id)
+                    if want is None:
                         continue
                 else:
                     want = min(spec.max_cores_per_container, self._round(c.res.cpu * self.cfg.upscale_factor))
@@ -413,8 +421,7 @@ class Nearchus:
     def _nic_util(self, snap: ClusterSnapshot, free: FreeMap) -> np.ndarray | None:
         """Per node: Σ measured throughput of its PS/worker containers ÷ the node's NIC (None:
         no container measured)."""
-        load = np.zeros(len(free.names))
-        index, measured = free.index, False
+        index, at, gbps = free.index, [], []
         for job in snap.running:
             tel = snap.telemetry.get(job.id)
             if tel is None:
@@ -422,9 +429,11 @@ class Nearchus:
             for c in job.containers:
                 t = tel.containers.get(c.id)
                 if t is not None and c.role is not Role.INFERENCE:
-                    load[index[c.node]] += t.net_gbps
-                    measured = True
-        return load / self._nic_cap if measured else None
+                    at.append(index[c.node])
+                    gbps.append(t.net_gbps)
+        if not at:
+            return None
+        return np.bincount(at, gbps, minlength=len(free.names)) / self._nic_cap  # (summed in this order)
 
     def _nic_ok(self, free: FreeMap, expect_gbps: float = 0.0) -> np.ndarray | None:
         """Nodes whose NIC keeps headroom (last measurement + ``expect_gbps`` of the new

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 
 STEP_MEMO = 65_536  # steps remembered (_step) before the memo starts over
+_WORKER = Role.WORKER
 NOISES_PER_CONTAINER = 4  # telemetry noise factors per container: CPU use, throttling, network, GPU
 BURST_GRID = 0.05  # burstable training: a worker's cores above its request, rounded down to this
 REFRESH_PASSES = 4  # rounds of re-timing the jobs on nodes whose flows a re-timed job moved
@@ -110,7 +111,8 @@ class _Readings(Mapping[str, ContainerTelemetry]):
         return self._built()[cid]
 
     def get(self, cid: str, default: ContainerTelemetry | None = None) -> ContainerTelemetry | None:
-        return self._built().get(cid, default)  # (Mapping's would go through a KeyError)
+        d = self._d if self._d is not None else self._built()
+        return d.get(cid, default)  # (Mapping's would go through a KeyError)
 
     def __contains__(self, cid: object) -> bool:
         return cid in self._built()
@@ -131,7 +133,10 @@ def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Contain
     bursts). ``burstable``: GPU workers have no CFS quota, so they are never throttled (their
     pipeline's stall shows as CPU used above the request instead)."""
     bits = 8.0 * prof.param_bytes
-    n_w = sum(1 for c in containers if c.role is Role.WORKER)
+    n_w = 0
+    for c in containers:
+        if c.role is _WORKER:
+            n_w += 1
     n_ps = len(containers) - n_w
     t = st.t if st.speed > 0 else math.inf
     w_busy = w_throttled = st.worker_busy
@@ -143,29 +148,25 @@ def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Contain
         g_busy = g_throttled = w_busy
     w_traffic = 2.0 * bits / t / 1e9
     ps_traffic = 2.0 * n_w * bits / max(1, n_ps) / t / 1e9
+    ps_busy, gpu_busy = st.ps_busy, st.gpu_busy
+    if len(caps) != len(containers):
+        raise ValueError(f"{len(containers)} containers, {len(caps)} link capacities")
     out = {}
-    for i, (c, cap) in enumerate(zip(containers, caps, strict=True)):
-        a, b, n, g = noise[k], noise[k + 1], noise[k + 2], noise[k + 3]
+    # ContainerTelemetry(cpu_used, cpu_limit, throttled_ratio, net_gbps, net_capacity_gbps, mem_used_mib, gpu_util)
+    for i, c in enumerate(containers):
+        a, b, n, g = noise[k:k + NOISES_PER_CONTAINER]
         k += NOISES_PER_CONTAINER
         res = c.res
         on = res.cpu if cores is None else cores[i]
-        if c.role is Role.WORKER:
-            gpu = res.gpu > 0
-            busy, throttled = (g_busy, g_throttled) if gpu else (w_busy, w_throttled)
-            traffic = w_traffic
+        if c.role is not _WORKER:
+            out[c.id] = ContainerTelemetry(on * ps_busy * a, res.cpu, min(1.0, ps_busy * b), ps_traffic * n, caps[i],
+                                           res.mem_mib * 0.8, 0.0)
+        elif res.gpu > 0:
+            out[c.id] = ContainerTelemetry(on * g_busy * a, res.cpu, min(1.0, g_throttled * b), w_traffic * n, caps[i],
+                                           res.mem_mib * 0.8, min(1.0, gpu_busy * g))
         else:
-            gpu = False
-            busy = throttled = st.ps_busy
-            traffic = ps_traffic
-        out[c.id] = ContainerTelemetry(
-            cpu_used=on * busy * a,
-            cpu_limit=res.cpu,
-            throttled_ratio=min(1.0, throttled * b),
-            net_gbps=traffic * n,
-            net_capacity_gbps=cap,
-            mem_used_mib=res.mem_mib * 0.8,
-            gpu_util=min(1.0, st.gpu_busy * g) if gpu else 0.0,
-        )
+            out[c.id] = ContainerTelemetry(on * w_busy * a, res.cpu, min(1.0, w_throttled * b), w_traffic * n, caps[i],
+                                           res.mem_mib * 0.8, 0.0)
     return out
 
 
@@ -273,23 +274,23 @@ class SimCluster:
         """Telemetry of each running job over its last interval, with seeded noise. A job in its
         restart pause reports nothing, and its speed counts from the end of the pause: on the
         local backend its workers are down, and the speed comes from their reports once back."""
-        due = []
+        due, n, jobs = [], 0, self.jobs
         for jid in self.state.running:
-            j = self.jobs[jid]
+            j = jobs[jid]
             since = max(j.tel_since, j.paused_until)
             if now > since:
-                due.append((jid, j, since))
-        # one noise factor per job and four per container, drawn at once
-        noise = self._factors(sum(1 + NOISES_PER_CONTAINER * len(j.rec.containers) for _, j, _ in due))
+                containers = tuple(j.rec.containers.values())
+                due.append((jid, j, since, containers))
+                n += 1 + NOISES_PER_CONTAINER * len(containers)
+        noise = self._factors(n)  # one noise factor per job and four per container, drawn at once
         out = {}
         k = 0
-        for jid, j, since in due:
+        node_bw, models, burst, burstable = self._node_bw, self.models, self.burst, self.burstable
+        for jid, j, since, containers in due:
             speed = (j.done - j.tel_done) / (now - since) * noise[k]
-            containers = tuple(j.rec.containers.values())
-            caps = [j.host or self._bw(c) for c in containers]  # as of now
-            cores = [self._cores(c) for c in containers] if self.burst else None
-            readings = _Readings((j.step, self.models[j.rec.spec.model], containers, caps, noise, k + 1, cores,
-                                  self.burstable))
+            caps = [j.host] * len(containers) if j.host else [node_bw[c.node] for c in containers]  # as of now (_bw)
+            cores = [self._cores(c) for c in containers] if burst else None
+            readings = _Readings((j.step, models[j.rec.spec.model], containers, caps, noise, k + 1, cores, burstable))
             out[jid] = JobTelemetry(since, max(0.0, speed), readings)
             k += 1 + NOISES_PER_CONTAINER * len(containers)
             j.tel_since, j.tel_done = now, j.done
