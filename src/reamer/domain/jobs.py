@@ -77,7 +77,7 @@ class JobView:
         return self.spec.id
 
     def of_role(self, role: Role) -> tuple[Container, ...]:
-        return tuple(c for c in self.containers if c.role is role)
+        return tuple([c for c in self.containers if c.role is role])  # (a list first: faster than a generator)
 
     @property
     def allocated(self) -> Resources:

@@ -351,10 +351,10 @@ class Nearchus:
                 return []
             after = new_total
         else:
-            have = len(job.of_role(role))
-            if have >= (spec.max_ps if role is Role.PS else spec.max_workers):
+            mine = job.of_role(role)
+            if len(mine) >= (spec.max_ps if role is Role.PS else spec.max_workers):
                 return []
-            tmpl = job.of_role(role)[0].res
+            tmpl = mine[0].res
             if cores + tmpl.cpu > cap + 1e-9:
                 return []
             expect = self._expected_gbps(job, role, tel)
