@@ -53,6 +53,7 @@ from reamer.domain import (
 )
 from reamer.policies.diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose
 from reamer.policies.placement import FreeMap, Strategy
+from reamer.policies.queue import RequestGroups
 
 
 class NearchusConfig(BaseModel):
@@ -164,6 +165,8 @@ class Nearchus:
         self.jobs: dict[str, _Job] = {}
         self._adding: set[str] = set()  # jobs whose added containers are still to be confirmed (_sync)
         self._free: FreeMap | None = None
+        # the queue by request; a request whose smallest shape did not fit is skipped for the round
+        self._queue = RequestGroups(lambda s: (s.ps_res, s.worker_res, s.one_node))
         self._cpu_growth_ok = False
         # per node (FreeMap order): measured NIC utilization (last telemetry); None: nothing measured
         self._nic: np.ndarray | None = None
@@ -469,12 +472,9 @@ class Nearchus:
     def _start(self, snap: ClusterSnapshot, free: FreeMap) -> list[Decision]:
         out: list[Decision] = []
         thin_ok: np.ndarray | None | bool = False  # (False: not looked up yet)
-        failed: set[tuple] = set()
-        for job in snap.queue:
+        groups = self._queue
+        for key, job in groups.scan(snap.queue, snap.nodes):
             s = job.spec
-            key = (s.ps_res, s.worker_res, s.one_node)
-            if key in failed:
-                continue
             for k, shape in enumerate(self._shapes(s)):
                 if k > 0 and thin_ok is False:
                     thin_ok = self._nic_ok(free)
@@ -486,7 +486,7 @@ class Nearchus:
                     self.jobs[job.id] = _Job(snap.now, owed=k > 0)
                     break
             else:
-                failed.add(key)
+                groups.miss(key)
         return out
 
     def _restore(self, snap: ClusterSnapshot, free: FreeMap) -> list[Decision]:

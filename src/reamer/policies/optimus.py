@@ -33,6 +33,7 @@ from reamer.domain import (
     TrainingJob,
 )
 from reamer.policies.placement import FreeMap, Strategy
+from reamer.policies.queue import RequestGroups
 
 
 class OptimusConfig(BaseModel):
@@ -89,6 +90,8 @@ class Optimus:
         self.interval_s = interval_s
         self.jobs: dict[str, _Job] = {}
         self._free: FreeMap | None = None
+        # the queue by request: a request the pool did not have room for is skipped for the round
+        self._queue = RequestGroups(lambda s: (s.ps_res, s.worker_res))
 
     # ------------------------------------------------------------- the model
     def _observe(self, job: JobView, st: _Job, snap: ClusterSnapshot) -> None:
@@ -183,8 +186,6 @@ class Optimus:
         have = free.total_free()
         pool = [have.cpu + pool[0], have.mem_mib + pool[1], have.gpu + pool[2]]
         target: dict[str, list[int]] = {}
-        specs = {j.id: j.spec for j in (*snap.running, *snap.queue)}
-        remaining = {j.id: j.remaining for j in (*snap.running, *snap.queue)}
 
         def take(res: Resources) -> bool:
             if res.cpu <= pool[0] + 1e-9 and res.mem_mib <= pool[1] + 1e-9 and res.gpu <= pool[2] + 1e-9:
@@ -194,15 +195,28 @@ class Optimus:
                 return True
             return False
 
-        for job in (*snap.running, *snap.queue):  # 1 PS + 1 worker each, if it fits
+        def first(job: JobView) -> bool:  # 1 PS + 1 worker, if it fits
             s = job.spec
             if take(s.ps_res):
                 if take(s.worker_res):
                     target[job.id] = [1, 1]
-                else:
-                    pool[0] += s.ps_res.cpu
-                    pool[1] += s.ps_res.mem_mib
-                    pool[2] += s.ps_res.gpu
+                    return True
+                pool[0] += s.ps_res.cpu
+                pool[1] += s.ps_res.mem_mib
+                pool[2] += s.ps_res.gpu
+            return False
+
+        for job in snap.running:
+            first(job)
+        starting: list[JobView] = []  # queued jobs given 1 PS + 1 worker, in FIFO order
+        groups = self._queue
+        for key, job in groups.scan(snap.queue, snap.nodes):  # the pool only shrinks: a miss stands
+            if first(job):
+                starting.append(job)
+            else:
+                groups.miss(key)
+        specs = {j.id: j.spec for j in (*snap.running, *starting)}
+        remaining = {j.id: j.remaining for j in (*snap.running, *starting)}
         for jid in list(target):  # jobs still exploring walk their small configurations
             st = self.jobs.get(jid)
             if st is None or st.theta is not None:
@@ -235,7 +249,7 @@ class Optimus:
         if all(n <= p - 1e-6 * max(1.0, abs(p)) for n, p in zip(need, pool, strict=True)):
             for jid, chain in chains.items():  # room for every task: the greedy grants them all
                 target[jid] = list(chain.end)
-            return self._diff(snap, target, free)
+            return self._diff(snap, target, free, starting)
         heap = []
         at: dict[str, int] = {}
         for jid, chain in chains.items():
@@ -253,9 +267,10 @@ class Optimus:
             steps = chains[jid].steps
             if k < len(steps):
                 heapq.heappush(heap, (-remaining[jid] * steps[k][0], jid, steps[k][1]))
-        return self._diff(snap, target, free)
+        return self._diff(snap, target, free, starting)
 
-    def _diff(self, snap: ClusterSnapshot, target: dict[str, list[int]], free: FreeMap) -> list[Decision]:
+    def _diff(self, snap: ClusterSnapshot, target: dict[str, list[int]], free: FreeMap,
+              starting: list[JobView]) -> list[Decision]:
         out: list[Decision] = []
         adds: list[tuple[JobView, Role, int]] = []
         for job in snap.running:
@@ -267,9 +282,7 @@ class Optimus:
                     free.reserve(c.node, Resources() - c.res)
                 if want > len(have):
                     adds.append((job, role, want - len(have)))
-        for job in snap.queue:  # start waiting jobs before growing running ones
-            if job.id not in target:
-                continue
+        for job in starting:  # start waiting jobs before growing running ones
             p, w = target[job.id]
             s = job.spec
             placed = free.place_gang([(Role.PS, s.ps_res)] * p + [(Role.WORKER, s.worker_res)] * w, self.cfg.placement,
