@@ -14,7 +14,9 @@ longer: it is reported with ``timed_out`` and left out of the exponent.
 Runs: params ``jobs``, ``cluster``; metrics ``wall_s``, ``events_per_s``, ``jobs_per_s``,
 ``peak_rss_mib``, ``events``, ``rounds``, ``timed_out``. Ratios: ``growth_exponent_<policy>``
 (least-squares slope of log wall time against log jobs over every finished run of the
-policy, both clusters) and ``growth_exponent_<policy>_<cluster>``.
+policy, both clusters) and ``growth_exponent_<policy>_<cluster>``; the same slopes of log
+events, ``events_growth_exponent_<policy>[_<cluster>]``: the wall-time exponent a simulator
+whose cost per event does not grow would show.
 """
 
 from __future__ import annotations
@@ -120,13 +122,12 @@ def main() -> int:
             bar.advance(task)
     ratios = {}
     for policy in args.policies:
-        done = [(r["params"]["jobs"], r["metrics"]["wall_s"]) for r in runs
-                if r["policy"] == policy and not r["metrics"]["timed_out"]]
-        ratios[f"growth_exponent_{policy}"] = exponent(done)
-        for cluster in args.clusters:
-            ratios[f"growth_exponent_{policy}_{cluster}"] = exponent(
-                [(r["params"]["jobs"], r["metrics"]["wall_s"]) for r in runs if r["policy"] == policy
-                 and r["params"]["cluster"] == cluster and not r["metrics"]["timed_out"]])
+        for cluster in (None, *args.clusters):
+            done = [r for r in runs if r["policy"] == policy and not r["metrics"]["timed_out"]
+                    and cluster in (None, r["params"]["cluster"])]
+            suffix = f"{policy}_{cluster}" if cluster else policy
+            for metric, prefix in (("wall_s", "growth_exponent"), ("events", "events_growth_exponent")):
+                ratios[f"{prefix}_{suffix}"] = exponent([(r["params"]["jobs"], r["metrics"][metric]) for r in done])
     t = Table(title="Simulator throughput (pai_synthetic jobs)")
     for col in ("policy", "cluster", "jobs", "wall (s)", "events/s", "jobs/s", "peak RSS (MiB)"):
         t.add_column(col, justify="left" if col in ("policy", "cluster") else "right")

@@ -1,5 +1,6 @@
 """bench/sim_speed.py end to end on small sizes: each run in its own process, the output in
-the documented shape, and the growth exponent as the slope of log wall time on log jobs."""
+the documented shape, and the growth exponents as the slopes of log wall time and log events
+on log jobs."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def test_small_runs_give_the_documented_keys(shared_data, tmp_path):
     slope = math.log(b / a) / math.log(4)
     assert doc["ratios"]["growth_exponent_static"] == pytest.approx(slope)
     assert doc["ratios"]["growth_exponent_static_pai6500"] == pytest.approx(slope)
+    # static makes two events per job (arrival, completion): its events grow linearly
+    assert doc["ratios"]["events_growth_exponent_static"] == pytest.approx(1.0)
 
 
 def test_missing_workload_is_one_line_and_exit_2(tmp_path):
