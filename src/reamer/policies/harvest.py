@@ -213,6 +213,21 @@ class _Round:
         self.by_node.setdefault(i, []).append(rep)
         self.capsums.pop(rep.service, None)
 
+    def attach_all(self, reps: list[_Rep], footprints: list[float]) -> None:
+        """:meth:`attach` for many replicas at once (the same sums: ``ufunc.at`` adds in order)."""
+        if not reps:
+            return
+        at = [rep.node for rep in reps]
+        np.add.at(self.used, at, footprints)
+        np.subtract.at(self.mem_free, at, [rep.mem for rep in reps])
+        by_service: dict[str, list[int]] = {}
+        for rep in reps:
+            by_service.setdefault(rep.service, []).append(rep.node)
+            self.by_node.setdefault(rep.node, []).append(rep)
+        for svc, nodes in by_service.items():
+            np.add.at(self.count(svc), nodes, 1.0)
+            self.capsums.pop(svc, None)
+
     def detach(self, rep: _Rep, footprint: float) -> None:
         i = rep.node
         self.used[i] -= footprint
@@ -274,6 +289,7 @@ class Harvester:
             else:
                 r.budget[i] = max(0.0, self._budget(nd, u, snap.now))
         self._observe(r)
+        reps: list[_Rep] = []
         for s in snap.services:
             if s.observed_at_s is None or self._boosted.get(s.id) != s.observed_at_s:  # each window's p99 once
                 self._update_boost(s)
@@ -287,7 +303,8 @@ class Harvester:
                 w = _Rep(rep.id, s.id, i, rep.cores, rep.max_batch, rep.max_wait_s, s.mem_mib_per_replica,
                          self._request_of(rep))
                 r.reps[s.id].append(w)
-                r.attach(w, self._footprint(w))
+                reps.append(w)
+        r.attach_all(reps, [self._footprint(w) for w in reps])
         return r
 
     def _update_boost(self, s: ServiceState) -> None:

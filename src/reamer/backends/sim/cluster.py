@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -500,10 +501,12 @@ class SimCluster:
         (0: none, or not a GPU worker): the effective cores ``batch × CPU per sample / rest``
         (``rest``: the step without the stall), as cores by the inverse of Amdahl's law at its
         model's fraction; a pipeline no number of cores keeps fed wants the whole node."""
+        if c.role is not _WORKER or c.res.gpu <= 0:
+            return 0.0
         j = self.jobs[c.owner]
         spec, st = j.rec.spec, j.base
         model = self.models[spec.model]
-        if c.role is not Role.WORKER or c.res.gpu <= 0 or model.gpu_samples_per_s <= 0 or st.speed <= 0:
+        if model.gpu_samples_per_s <= 0 or st.speed <= 0:
             return 0.0
         rest = st.gpu_busy * st.t + st.t_net + st.t_ps
         work = spec.batch * model.input_core_s_per_sample * self.input_scale.get(spec.id, self.input_scale_default)
@@ -549,7 +552,8 @@ class SimCluster:
             open_ = [(c, x) for c, x in open_ if c.id not in finished]
         changed: set[str] = set()
         for c in containers:
-            b = round(math.floor(got.get(c.id, 0.0) / BURST_GRID + 1e-9) * BURST_GRID, 4)
+            g = got.get(c.id)
+            b = 0.0 if g is None else round(math.floor(g / BURST_GRID + 1e-9) * BURST_GRID, 4)
             if b != self.burst.get(c.id, 0.0):
                 if b > 0:
                     self.burst[c.id] = b
@@ -712,7 +716,7 @@ class SimCluster:
         key = (node, contended)
         use = self._node_use.get(key)
         if use is None:
-            use = self._node_use[key] = sum(self.container_use(c, contended) for c in self.state.containers_on(node))
+            use = self._node_use[key] = sum(map(self.container_use, self.state.containers_on(node), repeat(contended)))
         return use
 
     def speed_share(self) -> tuple[float, int]:

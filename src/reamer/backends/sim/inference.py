@@ -74,6 +74,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from itertools import repeat
 
 import numpy as np
 
@@ -327,7 +328,7 @@ class SimInference:
                 while len(sums) > len(hist):
                     sums.popleft()
             else:
-                sums = deque(sum(h.get(c, 0.0) for c in now_use) for h in hist)
+                sums = deque(sum(map(h.get, now_use, repeat(0.0))) for h in hist)
             self._use_sums[n.name] = (here, sums)
             need = None if sec.training_need == "limits" else max(sums[-1], percentile(sums, sec.need_percentile))
             usage[n.name] = self._node_usage(n, now, need, used)
@@ -347,7 +348,8 @@ class SimInference:
                 if kept is not None and len(kept[0]) == len(here) and all(c.id in kept[0] for c in here):
                     sums = kept[1]  # the same containers as the window's: its sums
                 else:
-                    sums = [sum(h.get(c.id, 0.0) for c in here) for h in hist] or [0.0]
+                    ids = [c.id for c in here]
+                    sums = [sum(map(h.get, ids, repeat(0.0))) for h in hist] or [0.0]
                 need = max(sums[-1], percentile(sums, sec.need_percentile)) + new
             usage[n.name] = self._node_usage(n, now, need, self._used.get(n.name, 0.0))
         return self._snapshot(now, m, usage)
@@ -470,6 +472,7 @@ class SimInference:
             return
         t.windows += 1
         load = {n.name: self.cluster.node_use(n.name, True) / n.cores for n in self.train_nodes}
+        stretch: dict[str, float] = {}  # node -> the service-time stretch of the replicas there
         busy: dict[str, float] = {}
         ok_now = 0
         for s in self.replicas.services.values():
@@ -479,19 +482,27 @@ class SimInference:
             miss, p99 = (1.0 if rate > 0 else 0.0), (math.inf if rate > 0 else None)
             if reps:
                 miss, worst = 0.0, 0.0
+                judged: dict[tuple, tuple[float, float, float]] = {}  # replicas alike: judged alike
                 for r, c, w, sat in zip(reps, cores, weights, sats, strict=True):
-                    slow = (1.0 + sec.inference_interference * load.get(r.node, 0.0)) * self.inference_slow.get(r.node, 1.0)
-                    slow = min(round(slow, 3), SLOW_MAX)
-                    if slow != 1.0:
-                        sat = max_throughput_per_s(profile, c, r.max_batch, slow)
-                    rho = rate * w / sat
-                    rho_q = min(int(math.ceil(rho / RHO_GRID - 1e-9)), int(RHO_MAX / RHO_GRID) + 1)
-                    p, x = _replica_latency(profile, round(c, 4), int(r.max_batch), float(r.max_wait_s), s.slo_p99_s,
-                                            slow, rho_q)
+                    slow = stretch.get(r.node)
+                    if slow is None:
+                        slow = (1.0 + sec.inference_interference * load.get(r.node, 0.0)) * self.inference_slow.get(r.node, 1.0)
+                        slow = stretch[r.node] = min(round(slow, 3), SLOW_MAX)
+                    key = (c, r.max_batch, r.max_wait_s, slow, w, sat)
+                    got = judged.get(key)
+                    if got is None:
+                        if slow != 1.0:
+                            sat = max_throughput_per_s(profile, c, r.max_batch, slow)
+                        rho = rate * w / sat
+                        rho_q = min(int(math.ceil(rho / RHO_GRID - 1e-9)), int(RHO_MAX / RHO_GRID) + 1)
+                        p, x = _replica_latency(profile, round(c, 4), int(r.max_batch), float(r.max_wait_s),
+                                                s.slo_p99_s, slow, rho_q)
+                        got = judged[key] = (p, x, min(1.0, rho))
+                    p, x, used = got
                     miss += w * x
                     if w >= 0.005:
                         worst = max(worst, p)
-                    busy[r.node] = busy.get(r.node, 0.0) + r.cores * min(1.0, rho)
+                    busy[r.node] = busy.get(r.node, 0.0) + r.cores * used
                 p99 = worst
             ok = miss <= MISS_OK
             t.service_windows += 1
