@@ -41,7 +41,6 @@ class Static:
         self.cfg = config or StaticConfig()
         self._free: FreeMap | None = None
         self._queue = RequestGroups(shape_of)
-        self._totals: dict[tuple[float, ...], tuple[float, float, float]] = {}  # request summed over its containers
 
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
         if not snap.queue:
@@ -51,10 +50,8 @@ class Static:
         out: list[Decision] = []
         groups = self._queue
         for key, job in groups.scan(snap.queue, snap.nodes):
-            total = self._totals.get(key)
-            if total is None:
-                req = job.spec.request
-                total = self._totals[key] = (req.cpu, req.mem_mib, req.gpu)
+            req = job.spec.request
+            total = (req.cpu, req.mem_mib, req.gpu)  # summed over its containers
             placed = None
             if all(need <= have * (1 + 1e-9) + 1e-6 for need, have in zip(total, left, strict=True)):
                 placed = free.place_gang(request_of(job.spec), self.cfg.placement, one_node=job.spec.one_node)
