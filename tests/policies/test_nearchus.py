@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reamer.domain import (
@@ -236,3 +236,36 @@ def test_gpu_workers_short_of_cpu_are_input_bound_and_get_cpu():
     for k in range(1, 4):
         flat += pol.decide(_cluster_snap(60.0 * k, {a: cs}, (), {"a": 100.0}, gpu_util=0.3, cpu_util=0.95))
     assert any(isinstance(d, Resize) and d.container == "a/worker1" and d.res.cpu > 2 for d in flat)
+
+
+class Unscreened(Nearchus):
+    """NEARCHUS taking every measured job through its per-job path."""
+
+    def _may_act(self, t, d):
+        return np.ones(len(t.jobs), dtype=bool)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), w_util=st.floats(0.05, 1.0), ps_util=st.floats(0.0, 1.0),
+       net=st.floats(0.0, 1.0), wnet=st.floats(0.0, 1.0), throttled=st.sampled_from([0.0, 0.05, 0.5, 0.9]),
+       wcores=st.sampled_from([0.5, 1.0, 2.0, 4.0]), pscores=st.sampled_from([0.5, 1.0, 2.0]),
+       flags=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+@example(seed=1, w_util=0.5, ps_util=0.6, net=0.95, wnet=0.3, throttled=0.5, wcores=2.0, pscores=2.0,
+         flags=(True, True, True))  # network-bound: a PS is added
+@example(seed=1, w_util=0.2, ps_util=0.6, net=0.2, wnet=0.2, throttled=0.0, wcores=1.0, pscores=1.0,
+         flags=(True, True, True))  # a trim of one step (1 → 0.5 cores)
+def test_the_screen_passes_over_only_jobs_whose_round_would_change_nothing(seed, w_util, ps_util, net, wnet,
+                                                                           throttled, wcores, pscores, flags):
+    """Screening the measured jobs as arrays first gives the decisions of taking each through
+    the per-job path (evaluate the last change, diagnose, plan, act)."""
+    trim, trim_ps, outscale = flags
+    cfg = NearchusConfig(trim=trim, trim_ps=trim_ps, outscale=outscale)
+    noise = np.random.default_rng(seed).normal(0.0, 0.03, 40)
+
+    def speed(cs, k):  # more worker cores pay, less and less
+        return 100.0 * sum(c.res.cpu for c in cs if c.role is Role.WORKER) ** 0.3 * (1 + noise[k])
+
+    kw = dict(w_util=w_util, ps_util=ps_util, net=net, wnet=wnet, throttled=throttled)
+    screened, _ = drive(Nearchus(cfg), 30, containers(wcores=wcores, pscores=pscores), speed, **kw)
+    every, _ = drive(Unscreened(cfg), 30, containers(wcores=wcores, pscores=pscores), speed, **kw)
+    assert screened == every

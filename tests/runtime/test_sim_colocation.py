@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from reamer.backends.sim.cluster import NOISES_PER_CONTAINER, _container_telemetry
+from reamer.backends.sim.cluster import NOISES_PER_CONTAINER, _Columns, _job_rates, _readings
+from reamer.domain.readings import TableTelemetry
 from reamer.backends.sim.inference import cfs_split
 from reamer.config.scenario import parse_scenario
 from reamer.domain import Container, Resources, Role
@@ -211,9 +213,15 @@ def test_an_input_bound_worker_reads_throttled_only_under_a_cpu_limit():
     st = Step(t_comp=0.1, t_net=0.0, t_ps=0.0, speed=320.0, worker_busy=1.0, ps_busy=0.0, net_busy=0.0,
               gpu_busy=0.6, t_pipe=0.1)
     w = Container("w", "j", Role.WORKER, "n", Resources(10, 1024, 1))
-    noise = [1.0] * NOISES_PER_CONTAINER
-    limited = _container_telemetry(st, prof, (w,), [10.0], noise, 0)["w"]
-    burst = _container_telemetry(st, prof, (w,), [10.0], noise, 0, cores=[14.0], burstable=True)["w"]
+    cols = _Columns.of((w,), {"n": 0})
+
+    def reading(burst: dict[str, float], burstable: bool):
+        table = _readings(["j"], np.zeros(1), np.zeros(1), [cols], [_job_rates(st, prof, cols, 0.0, burstable)],
+                          np.array([10.0]), np.ones(1 + NOISES_PER_CONTAINER), [1], burst)
+        return TableTelemetry(table)["j"].containers["w"]
+
+    limited = reading({}, False)
+    burst = reading({"w": 4.0}, True)
     assert limited.throttled_ratio == 1.0 and limited.cpu_used == 10.0
     assert burst.throttled_ratio == 0.0 and burst.cpu_used == 14.0 > burst.cpu_limit
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from reamer.domain.cluster import Node, Resources
 from reamer.domain.jobs import JobView
+
+if TYPE_CHECKING:
+    from reamer.domain.readings import ReadingTable
 
 
 class ContainerTelemetry(NamedTuple):
@@ -46,6 +49,8 @@ class ClusterSnapshot:
     # ``free`` as read-only rows (cores, MiB, GPUs) in ``nodes`` order (None: build them from ``free``)
     free_rows: np.ndarray | None = None
     containers_per_node: np.ndarray | None = None  # PS/worker containers per node, ``nodes`` order
+    # ``telemetry`` as columns, where the backend measured it so (None: :func:`reamer.domain.readings.readings_of` builds it)
+    readings: ReadingTable | None = None
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

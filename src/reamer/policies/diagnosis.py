@@ -7,6 +7,9 @@ workers' GPUs are busy most of the time, *input*-bound when its GPU workers' GPU
 their CPUs are (the input pipeline cannot feed the GPU), *compute*-bound when its CPU workers
 use most of their CPU limit, *ps*-bound when its PS containers do, and *none* when nothing is
 saturated.
+
+:func:`diagnose_table` diagnoses every job of a round's :class:`ReadingTable` at once;
+:func:`diagnose` is the same for one job.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from reamer.domain import JobTelemetry, JobView, Role
+import numpy as np
+
+from reamer.domain import JobTelemetry, JobView
+from reamer.domain.readings import WORKER, ReadingTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,45 +52,64 @@ class Diagnosis(NamedTuple):
     ps_throttled: float = 0.0  # max share of CFS periods throttled, PS
 
 
+# the codes of Diagnoses.bottleneck (NEARCHUS screens by them: keep the order)
+BOTTLENECKS = ("none", "network", "worker_network", "gpu", "input", "compute", "ps")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Diagnoses:
+    """Every job of a :class:`ReadingTable` diagnosed (arrays in its ``jobs`` order; the fields
+    of :class:`Diagnosis`, the bottleneck as an index into :data:`BOTTLENECKS`)."""
+
+    bottleneck: np.ndarray
+    worker_cpu_util: np.ndarray
+    worker_throttled: np.ndarray
+    gpu_util: np.ndarray
+    ps_cpu_util: np.ndarray
+    net_util: np.ndarray
+    worker_net_util: np.ndarray
+    cpu_used: np.ndarray
+    ps_throttled: np.ndarray
+
+    def at(self, i: int) -> Diagnosis:
+        return Diagnosis(BOTTLENECKS[int(self.bottleneck[i])], *(float(getattr(self, f)[i]) for f in Diagnosis._fields[1:]))
+
+
+def diagnose_table(t: ReadingTable, cpu_sat: float, net_sat: float, side_margin: float = 0.1) -> Diagnoses:
+    """Diagnose every job of ``t`` from its measured rows: the per-job reductions :func:`diagnose`
+    describes, as array reductions (sums in row order: the same numbers as one job at a time)."""
+    n, rows, job = len(t.jobs), len(t.ids), t.job
+    w = t.measured & (t.role == WORKER)
+    p = t.measured & (t.role != WORKER)
+    g = w & (t.gpus > 0)
+    util = np.divide(t.cpu_used, t.cpu_limit, out=np.zeros(rows), where=t.cpu_limit > 0)
+    link = np.divide(t.net_gbps, t.net_capacity_gbps, out=np.zeros(rows), where=t.net_capacity_gbps > 0)
+
+    def mean(mask: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = np.bincount(job[mask], minlength=n)
+        return np.divide(np.bincount(job[mask], x[mask], minlength=n), k, out=np.zeros(n), where=k > 0), k
+
+    def top(mask: np.ndarray, x: np.ndarray) -> np.ndarray:
+        out = np.zeros(n)
+        np.maximum.at(out, job[mask], x[mask])
+        return out
+
+    wu, _ = mean(w, util)
+    thr, _ = mean(w, t.throttled_ratio)
+    gu, gpu_workers = mean(g, t.gpu_util)
+    wnet, net = top(w, link), top(p, link)
+    pu, ps_thr = top(p, util), top(p, t.throttled_ratio)
+    used = np.bincount(job[t.measured], t.cpu_used[t.measured], minlength=n)
+    cpu_bound = (wu >= cpu_sat) & (wu >= pu)
+    b = np.select([(net >= net_sat) & (net > wnet * (1.0 + side_margin)), np.maximum(net, wnet) >= net_sat,
+                   gu >= cpu_sat, cpu_bound & (gpu_workers > 0), cpu_bound, pu >= cpu_sat], [1, 2, 3, 4, 5, 6], 0)
+    return Diagnoses(b, wu, thr, gu, pu, net, wnet, used, ps_thr)
+
+
 def diagnose(job: JobView, tel: JobTelemetry, cpu_sat: float, net_sat: float, side_margin: float = 0.1) -> Diagnosis:
-    """``side_margin``: the PS side counts as the narrower one only when its link utilization
+    """One job's :class:`Diagnosis` of one interval (:func:`diagnose_table` of it alone).
+    ``side_margin``: the PS side counts as the narrower one only when its link utilization
     exceeds the busiest worker link's by this relative margin (per-link transfer time ÷ step
     time is that link's utilization, so the busier side is the longer transfer; the margin
     keeps measurement noise from calling a tie)."""
-    w_util, ps_util, thr, gpu, net, wnet, used, ps_thr = [], [], [], [], 0.0, 0.0, 0.0, 0.0
-    get, worker = tel.containers.get, Role.WORKER
-    for c in job.containers:
-        t = get(c.id)
-        if t is None:
-            continue
-        util = t.cpu_used / t.cpu_limit if t.cpu_limit > 0 else 0.0
-        link = t.net_gbps / t.net_capacity_gbps if t.net_capacity_gbps > 0 else None
-        if c.role is worker:
-            w_util.append(util)
-            thr.append(t.throttled_ratio)
-            if c.res.gpu > 0:
-                gpu.append(t.gpu_util)
-            if link is not None:
-                wnet = max(wnet, link)
-        else:
-            ps_util.append(util)
-            ps_thr = max(ps_thr, t.throttled_ratio)
-            if link is not None:
-                net = max(net, link)
-        used += t.cpu_used
-    wu = sum(w_util) / len(w_util) if w_util else 0.0
-    pu = max(ps_util, default=0.0)
-    gu = sum(gpu) / len(gpu) if gpu else 0.0
-    if net >= net_sat and net > wnet * (1.0 + side_margin):
-        b = "network"
-    elif max(net, wnet) >= net_sat:
-        b = "worker_network"
-    elif gu >= cpu_sat:
-        b = "gpu"
-    elif wu >= cpu_sat and wu >= pu:
-        b = "input" if gpu else "compute"  # GPU workers short of CPU: their input pipeline starves the GPU
-    elif pu >= cpu_sat:
-        b = "ps"
-    else:
-        b = "none"
-    return Diagnosis(b, wu, sum(thr) / len(thr) if thr else 0.0, gu, pu, net, wnet, used, ps_thr)
+    return diagnose_table(ReadingTable.of((job,), {job.id: tel}), cpu_sat, net_sat, side_margin).at(0)

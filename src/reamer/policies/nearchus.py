@@ -51,7 +51,8 @@ from reamer.domain import (
     StartJob,
     TrainingJob,
 )
-from reamer.policies.diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose
+from reamer.domain.readings import INFERENCE, PS, WORKER, ReadingTable, readings_of
+from reamer.policies.diagnosis import BOTTLENECKS, DEFAULT_THRESHOLDS, Diagnoses, Diagnosis, Thresholds, diagnose_table
 from reamer.policies.placement import FreeMap, Strategy
 from reamer.policies.queue import RequestGroups
 
@@ -171,7 +172,7 @@ class Nearchus:
         # per node (FreeMap order): measured NIC utilization (last telemetry); None: nothing measured
         self._nic: np.ndarray | None = None
         # the telemetry round whose NIC use _nic is still to be summed from (:meth:`_nic_now`)
-        self._nic_from: tuple[ClusterSnapshot, FreeMap] | None = None
+        self._nic_from: tuple[ReadingTable, FreeMap] | None = None
         self._nic_cap = np.zeros(0)
         self._nic_nodes: object = None
 
@@ -188,15 +189,16 @@ class Nearchus:
         if snap.nodes is not self._nic_nodes:  # (another) node list: its links
             self._nic_nodes, self._nic, self._nic_from = snap.nodes, None, None
             self._nic_cap = np.array([n.nic_gbps for n in snap.nodes], dtype=float)
-        if snap.telemetry:
-            self._nic_from = (snap, free)  # summed when first needed: most rounds place nothing
+        table = readings_of(snap) if snap.telemetry else None
+        if table is not None:
+            self._nic_from = (table, free)  # summed when first needed: most rounds place nothing
         # A round without telemetry, queue, a job owed its request or an addition to confirm
         # has nothing to do per running job: it skips them (the same decisions, in time
         # bounded by what is due rather than by the running jobs).
         running: dict[str, JobView] = {}
         if snap.telemetry or snap.queue or self._adding:
             running = {j.id: j for j in snap.running}
-            self._sync(snap, running)
+            self._sync(snap, running, table)
         if self.cfg.restore and not snap.queue and any(st.owed for st in self.jobs.values()):
             out += self._restore(snap, free)
         if self.cfg.reclaim and snap.queue:
@@ -206,15 +208,43 @@ class Nearchus:
         # the head waits for a GPU share no node has: CPU-only growth takes nothing it needs
         self._cpu_growth_ok = (waiting and self.cfg.grow_while_gpu_blocked and snap.queue[0].spec.worker_res.gpu > 0
                                and not (free.free[:, 2] >= snap.queue[0].spec.worker_res.gpu - 1e-9).any())
-        if snap.telemetry:
+        if table is not None:  # every job diagnosed at once; the per-job path only for those it may move
+            diag = diagnose_table(table, self.cfg.cpu_saturation, self.cfg.net_saturation, self.cfg.net_side_margin)
+            moves = self._may_act(table, diag)
+            index, telemetry, jobs = table.index, snap.telemetry, self.jobs
             for job in snap.running:
-                tel = snap.telemetry.get(job.id)
-                if tel is None:
+                i = index.get(job.id)
+                if i is None:
                     continue
-                out += self._adapt(job, self.jobs[job.id], tel, snap.now, free, grow=not waiting)
+                st = jobs[job.id]
+                if st.pending is None and not moves[i]:
+                    continue  # no change to judge, and nothing in its plan would do anything
+                out += self._adapt(job, st, diag.at(i), telemetry[job.id], snap.now, free, grow=not waiting)
         return out
 
-    def _sync(self, snap: ClusterSnapshot, running: dict[str, JobView]) -> None:
+    def _may_act(self, t: ReadingTable, d: Diagnoses) -> np.ndarray:
+        """Per job of ``t``: whether its plan (:meth:`_plan`) holds an action that could change
+        anything: any growth, or a trim that would take cores from one of its containers (sized as
+        :meth:`_act` sizes it). A job with no change pending and no such action gets nothing from
+        :meth:`_adapt`, so it is screened out as one array program."""
+        cfg, b, n = self.cfg, d.bottleneck, len(t.jobs)
+        none, network, _, gpu, input_, compute, ps_ = range(len(BOTTLENECKS))
+        grows = (b == ps_) | (b == compute) | (b == input_)
+        if cfg.outscale:
+            grows |= (b == network) | (b == gpu)
+        trim_ps = ((b != ps_) & (d.ps_cpu_util < cfg.trim_below) & (d.ps_throttled < cfg.trim_throttled)
+                   if cfg.trim_ps else np.zeros(n, dtype=bool))
+        trim = (((b == none) | (b == gpu)) & (d.worker_cpu_util < cfg.trim_below)
+                & (d.worker_throttled < cfg.trim_throttled) if cfg.trim else np.zeros(n, dtype=bool))
+        ps, worker = t.role == PS, t.role == WORKER
+        util = np.where(ps, d.ps_cpu_util[t.job], d.worker_cpu_util[t.job])
+        step = cfg.core_step
+        want = np.maximum(step, np.ceil(np.maximum(step, t.cores * util * (1 + cfg.trim_margin)) / step - 1e-9) * step)
+        shrinks = want < t.cores
+        return (grows | (trim_ps & (np.bincount(t.job[shrinks & ps], minlength=n) > 0))
+                | (trim & (np.bincount(t.job[shrinks & worker], minlength=n) > 0)))
+
+    def _sync(self, snap: ClusterSnapshot, running: dict[str, JobView], table: ReadingTable | None) -> None:
         """Forget jobs no longer running, take in running ones it does not know, confirm the
         containers its additions created and keep each job's measured speed."""
         jobs = self.jobs
@@ -227,10 +257,11 @@ class Nearchus:
             st = jobs.get(jid)
             if st is not None and _unconfirmed(st):
                 st.pending.added = sorted({c.id for c in running[jid].containers} - st.pending.ids_before)
-        for jid, tel in snap.telemetry.items():
-            st = jobs.get(jid)
-            if st is not None and tel.since_s >= st.last_change - 1e-9:
-                st.samples.append(tel.speed)
+        if table is not None:
+            for jid, since, speed in zip(table.jobs, table.since.tolist(), table.speed.tolist()):
+                st = jobs.get(jid)
+                if st is not None and since >= st.last_change - 1e-9:
+                    st.samples.append(speed)
         self._adding = {jid for jid in self._adding if (st := jobs.get(jid)) is not None and _unconfirmed(st)}
 
     # --------------------------------------------------------------- per job
@@ -254,7 +285,8 @@ class Nearchus:
         st.samples = []
         st.last_change = now
 
-    def _adapt(self, job: JobView, st: _Job, tel, now: float, free: FreeMap, grow: bool) -> list[Decision]:
+    def _adapt(self, job: JobView, st: _Job, d: Diagnosis, tel, now: float, free: FreeMap,
+               grow: bool) -> list[Decision]:
         speed = self._stable_speed(st)
         if speed is None:
             return []
@@ -273,7 +305,6 @@ class Nearchus:
                 if ch.kind.upscales:
                     st.vertical_eff = gain / (added / ch.cores_before) if added > 0 else 0.0
                 st.increments.append(ch)
-        d = diagnose(job, tel, self.cfg.cpu_saturation, self.cfg.net_saturation, self.cfg.net_side_margin)
         for kind in self._plan(d, st):
             if not grow and not kind.trims and not (
                     self._cpu_growth_ok and (kind is not Action.ADD_WORKER or job.of_role(Role.WORKER)[0].res.gpu == 0)):
@@ -421,22 +452,13 @@ class Nearchus:
                 shapes.append(((Role.PS, spec.ps_res),) * spec.ps + ((Role.WORKER, wres),) * w)
         return list(dict.fromkeys(shapes))
 
-    def _nic_util(self, snap: ClusterSnapshot, free: FreeMap) -> np.ndarray | None:
+    def _nic_util(self, t: ReadingTable, free: FreeMap) -> np.ndarray | None:
         """Per node: Σ measured throughput of its PS/worker containers ÷ the node's NIC (None:
         no container measured)."""
-        index, at, gbps = free.index, [], []
-        for job in snap.running:
-            tel = snap.telemetry.get(job.id)
-            if tel is None:
-                continue
-            for c in job.containers:
-                t = tel.containers.get(c.id)
-                if t is not None and c.role is not Role.INFERENCE:
-                    at.append(index[c.node])
-                    gbps.append(t.net_gbps)
-        if not at:
+        rows = t.measured & (t.role != INFERENCE)
+        if not rows.any():
             return None
-        return np.bincount(at, gbps, minlength=len(free.names)) / self._nic_cap  # (summed in this order)
+        return np.bincount(t.node[rows], t.net_gbps[rows], minlength=len(free.names)) / self._nic_cap  # (summed in row order)
 
     def _nic_ok(self, free: FreeMap, expect_gbps: float = 0.0) -> np.ndarray | None:
         """Nodes whose NIC keeps headroom (last measurement + ``expect_gbps`` of the new
@@ -452,9 +474,9 @@ class Nearchus:
         """Per node, the measured NIC utilization of the last telemetry (plus what additions
         since are expected to carry); None: nothing measured."""
         if self._nic_from is not None:
-            snap, free = self._nic_from
+            table, free = self._nic_from
             self._nic_from = None
-            self._nic = self._nic_util(snap, free)
+            self._nic = self._nic_util(table, free)
         return self._nic
 
     @staticmethod

@@ -17,7 +17,8 @@ from typing import Any
 from reamer.control import Round
 from reamer.domain import AddContainer, ClusterSnapshot, Preempt, RemoveContainer, Resize, Role, StartJob
 from reamer.domain.inference import EvictReplica, HarvestSnapshot, MigrateReplica, PlaceReplica, ResizeReplica
-from reamer.policies.diagnosis import DEFAULT_THRESHOLDS, Thresholds, diagnose
+from reamer.domain.readings import readings_of
+from reamer.policies.diagnosis import BOTTLENECKS, DEFAULT_THRESHOLDS, Thresholds, diagnose_table
 
 # the CPU bands of a node, bottom to top; they add up to its cores
 CPU_BANDS = ("system", "training_need", "training_unused", "inference", "idle")
@@ -81,8 +82,10 @@ def record(training: Round | None, harvest: Round | None, th: Thresholds) -> Rou
         assert isinstance(snap, ClusterSnapshot)
         tel = snap.telemetry
         rec.speeds = {jid: t.speed for jid, t in tel.items()}
-        rec.bottlenecks = {v.id: diagnose(v, tel[v.id], th.cpu, th.net, th.side_margin).bottleneck
-                           for v in snap.running if v.id in tel}
+        if tel:
+            table = readings_of(snap)
+            codes = diagnose_table(table, th.cpu, th.net, th.side_margin).bottleneck.tolist()
+            rec.bottlenecks = {jid: BOTTLENECKS[b] for jid, b in zip(table.jobs, codes)}
         rec.shapes = {v.id: (len(v.of_role(Role.PS)), len(v.of_role(Role.WORKER)), round(v.allocated.cpu, 3))
                       for v in snap.running}
         for v in snap.running:

@@ -1,3 +1,5 @@
+from dataclasses import fields
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,9 @@ from reamer.domain import (
     TrainingJob,
 )
 from reamer.domain.decisions import InvalidDecision, Placement
+from reamer.domain.readings import ReadingTable, readings_of
 from reamer.models.profiles import shipped_profiles
+from reamer.policies.nearchus import Nearchus
 from reamer.runtime import simulate
 
 CAL = shipped_profiles().calibration
@@ -258,3 +262,26 @@ def test_the_need_window_percentile_is_numpys_to_the_bit():
         xs = (rng.random(int(rng.integers(1, 40))) * rng.choice([1e-3, 1.0, 100.0])).tolist()
         q = float(rng.choice([0.0, 50.0, 95.0, 99.9, 100.0, rng.random() * 100]))
         assert percentile(xs, q) == float(np.percentile(np.asarray(xs), q))
+
+
+def test_the_readings_table_is_the_one_its_per_job_telemetry_gives():
+    """The simulator measures a round's telemetry as a table; the per-job mapping it hands out
+    with it builds back to the same table (rows = each view's containers in order, node indexes
+    in the snapshot's order), however NEARCHUS reshapes and resizes the jobs."""
+    checked = []
+
+    class Checked(Nearchus):
+        def decide(self, snap):
+            if snap.telemetry:
+                index = {n.name: i for i, n in enumerate(snap.nodes)}
+                want = ReadingTable.of(snap.running, dict(snap.telemetry.items()), index)
+                got = readings_of(snap)
+                for f in fields(ReadingTable):
+                    a, b = getattr(got, f.name), getattr(want, f.name)
+                    assert (a == b) if isinstance(a, tuple) else np.array_equal(a, b), f.name
+                checked.append(len(got.jobs))
+            return super().decide(snap)
+
+    r = simulate(small(jobs=30), Checked())
+    assert len(checked) > 20 and max(checked) > 3
+    assert r.metrics["reconfigurations"] > 0

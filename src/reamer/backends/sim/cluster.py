@@ -23,7 +23,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from reamer.domain import (
     Role,
     TrainingJob,
 )
+from reamer.domain.readings import ROLE_CODE, ReadingTable, TableTelemetry
 from reamer.models.training import ZERO_STEP, Calibration, ModelProfile, Step, StepPlan, fraction_of, plan_step
 from reamer.models.zoo import ZOO
 
@@ -76,6 +77,8 @@ class _Run:
     shape: tuple | None = None
     host: float = 0.0  # the link rate of its one node while all its containers are there (in-host), else 0.0
     pipe: bool = False  # its model's GPU workers run an input pipeline (GPU job with a GPU rate)
+    cols: _Columns | None = None  # its containers as its readings take them; None: to be rebuilt (an effect changed them)
+    rates: tuple = (None, None, 0.0, ())  # (step, cols, host link) -> _job_rates of them, kept while they stand
 
 
 @dataclass
@@ -91,84 +94,82 @@ class Totals:
     job_s: float = 0.0  # ∫ number of running jobs (only with track_share)
 
 
-class _Readings(Mapping[str, ContainerTelemetry]):
-    """One job's per-container telemetry of an interval, built when first read. What it
-    depends on is fixed when it is measured (the job's step, its containers, their links'
-    capacities, its noise factors), so it reads the same whenever it is read; a policy that
-    uses only job speeds does not pay for its containers'."""
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """A job's containers as the readings' columns take them (rebuilt when an effect changes them)."""
 
-    __slots__ = ("_args", "_d")
+    ids: tuple[str, ...]
+    role: tuple[int, ...]  # role codes (reamer.domain.readings)
+    kind: tuple[int, ...]  # 0: a PS, 1: a GPU worker, 2: a CPU worker
+    cpu: tuple[float, ...]
+    gpu: tuple[float, ...]
+    mem: tuple[float, ...]
+    node: tuple[int, ...]  # index into the cluster's nodes
+    workers: int
 
-    def __init__(self, args: tuple) -> None:
-        self._args: tuple | None = args
-        self._d: dict[str, ContainerTelemetry] | None = None
-
-    def _built(self) -> dict[str, ContainerTelemetry]:
-        if self._d is None:
-            self._d, self._args = _container_telemetry(*self._args), None
-        return self._d
-
-    def __getitem__(self, cid: str) -> ContainerTelemetry:
-        return self._built()[cid]
-
-    def get(self, cid: str, default: ContainerTelemetry | None = None) -> ContainerTelemetry | None:
-        d = self._d if self._d is not None else self._built()
-        return d.get(cid, default)  # (Mapping's would go through a KeyError)
-
-    def __contains__(self, cid: object) -> bool:
-        return cid in self._built()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._built())
-
-    def __len__(self) -> int:
-        return len(self._built())
+    @classmethod
+    def of(cls, containers: Iterable[Container], node_index: Mapping[str, int]) -> _Columns:
+        cs = tuple(containers)
+        kind = tuple(2 - (c.res.gpu > 0) if c.role is _WORKER else 0 for c in cs)
+        return cls(tuple(c.id for c in cs), tuple(ROLE_CODE[c.role] for c in cs), kind, tuple(c.res.cpu for c in cs),
+                   tuple(c.res.gpu for c in cs), tuple(c.res.mem_mib for c in cs), tuple(node_index[c.node] for c in cs),
+                   sum(1 for c in cs if c.role is _WORKER))
 
 
-def _container_telemetry(st: Step, prof: ModelProfile, containers: tuple[Container, ...], caps: list[float],
-                         noise: Sequence[float], k: int, cores: Sequence[float] | None = None,
-                         burstable: bool = False) -> dict[str, ContainerTelemetry]:
-    """Each container's readings: its role's share of the step (busy, throttled, traffic),
-    scaled by its own four noise factors from ``noise[k:]``; ``caps``: its link's capacity;
-    ``cores``: the cores it runs on (None: its CPU limits; more where burstable training
-    bursts). ``burstable``: GPU workers have no CFS quota, so they are never throttled (their
-    pipeline's stall shows as CPU used above the request instead)."""
+def _job_rates(st: Step, prof: ModelProfile, cols: _Columns, host: float, burstable: bool) -> tuple[float, ...]:
+    """A job's share of the step each kind of container is busy and throttled, and its traffic
+    per PS and per worker: (PS busy, GPU-worker busy, GPU-worker throttled, CPU-worker busy,
+    GPU busy, worker Gbit/s, PS Gbit/s, host link). A GPU worker runs the input pipeline's
+    threads for ``t_pipe``; ``burstable``: GPU workers have no CFS quota, so they are never
+    throttled (their pipeline's stall shows as CPU used above the request instead)."""
     bits = 8.0 * prof.param_bytes
-    n_w = 0
-    for c in containers:
-        if c.role is _WORKER:
-            n_w += 1
-    n_ps = len(containers) - n_w
+    n_w = cols.workers
+    n_ps = len(cols.ids) - n_w
     t = st.t if st.speed > 0 else math.inf
-    w_busy = w_throttled = st.worker_busy
-    if prof.gpu_samples_per_s > 0:  # a GPU worker runs the input pipeline's threads for t_pipe
+    w_busy = st.worker_busy
+    if prof.gpu_samples_per_s > 0:
         g_busy = min(1.0, st.t_pipe / t)
         stalls = not burstable and st.t_pipe >= t * (1 - 1e-9)
         g_throttled = g_busy if stalls else 0.0  # the quota stalls the step
     else:
         g_busy = g_throttled = w_busy
-    w_traffic = 2.0 * bits / t / 1e9
-    ps_traffic = 2.0 * n_w * bits / max(1, n_ps) / t / 1e9
-    ps_busy, gpu_busy = st.ps_busy, st.gpu_busy
-    if len(caps) != len(containers):
-        raise ValueError(f"{len(containers)} containers, {len(caps)} link capacities")
-    out = {}
-    # ContainerTelemetry(cpu_used, cpu_limit, throttled_ratio, net_gbps, net_capacity_gbps, mem_used_mib, gpu_util)
-    for i, c in enumerate(containers):
-        a, b, n, g = noise[k:k + NOISES_PER_CONTAINER]
-        k += NOISES_PER_CONTAINER
-        res = c.res
-        on = res.cpu if cores is None else cores[i]
-        if c.role is not _WORKER:
-            out[c.id] = ContainerTelemetry(on * ps_busy * a, res.cpu, min(1.0, ps_busy * b), ps_traffic * n, caps[i],
-                                           res.mem_mib * 0.8, 0.0)
-        elif res.gpu > 0:
-            out[c.id] = ContainerTelemetry(on * g_busy * a, res.cpu, min(1.0, g_throttled * b), w_traffic * n, caps[i],
-                                           res.mem_mib * 0.8, min(1.0, gpu_busy * g))
-        else:
-            out[c.id] = ContainerTelemetry(on * w_busy * a, res.cpu, min(1.0, w_throttled * b), w_traffic * n, caps[i],
-                                           res.mem_mib * 0.8, 0.0)
-    return out
+    return (st.ps_busy, g_busy, g_throttled, w_busy, st.gpu_busy, 2.0 * bits / t / 1e9,
+            2.0 * n_w * bits / max(1, n_ps) / t / 1e9, host)
+
+
+def _readings(jobs: Sequence[str], since: np.ndarray, speed: np.ndarray, cols: Sequence[_Columns],
+              rates: Sequence[tuple[float, ...]], node_bw: np.ndarray, noise: np.ndarray, first: Sequence[int],
+              extra: Mapping[str, float] | None = None) -> ReadingTable:
+    """The table of the jobs' telemetry (``since``, measured ``speed``) and of every container's
+    readings of the interval: its kind's share of its job's step
+    (``rates``, :func:`_job_rates`) on the cores it runs on (its CPU limit, plus ``extra`` cores
+    where burstable training bursts), scaled by its four noise factors (job ``i``'s containers'
+    from ``noise[first[i]:]``, four each); its link's capacity: its job's host link, else its
+    node's bandwidth (``node_bw``)."""
+    counts = [len(c.ids) for c in cols]
+    n = sum(counts)
+    start = np.zeros(len(cols) + 1, dtype=int)
+    np.cumsum(counts, out=start[1:])
+    job = np.repeat(np.arange(len(cols)), counts)
+
+    def col(name: str, dtype: type) -> np.ndarray:
+        return np.fromiter(chain.from_iterable(getattr(c, name) for c in cols), dtype, n)
+
+    kind, node, cpu = col("kind", int), col("node", int), col("cpu", float)
+    r = np.array(rates, dtype=float).reshape(-1, 8)[job]
+    rows = np.arange(n)
+    pos = np.asarray(first, dtype=int)[job] + NOISES_PER_CONTAINER * (rows - start[job])
+    a, b, k, g = (noise[pos + i] for i in range(NOISES_PER_CONTAINER))
+    ids = tuple(chain.from_iterable(c.ids for c in cols))
+    on = cpu if not extra else cpu + np.fromiter((extra.get(cid, 0.0) for cid in ids), float, n)
+    busy = r[rows, np.array([0, 1, 3])[kind]]
+    throttled = r[rows, np.array([0, 2, 3])[kind]]
+    gpu_worker = kind == 1
+    return ReadingTable(
+        tuple(jobs), since, speed, start, ids, job, col("role", int), col("gpu", float), cpu, node, np.ones(n, dtype=bool),
+        on * busy * a, cpu, np.minimum(1.0, throttled * b), np.where(kind == 0, r[:, 6], r[:, 5]) * k,
+        np.where(r[:, 7] > 0, r[:, 7], node_bw[node]), col("mem", float) * 0.8,
+        np.where(gpu_worker, np.minimum(1.0, r[:, 4] * g), 0.0))
 
 
 class SimCluster:
@@ -221,6 +222,8 @@ class SimCluster:
         self._flows: dict[str, list[float]] = {n.name: [0.0, 0.0] for n in self.nodes}
         # node -> its containers' bandwidth (_bw): the link's × _factor, kept with the flows
         self._node_bw: dict[str, float] = {n.name: n.nic_gbps * self._factor(n.name) for n in self.nodes}
+        self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        self._bw_rows = np.array(list(self._node_bw.values()))  # _node_bw in node order (the readings' link capacities)
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
         self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
@@ -268,40 +271,46 @@ class SimCluster:
                 views[jid] = j.rec.view(j.done, now)
         self._stale.clear()
         queue, running = tuple(self._queued.values()), tuple(views.values())
-        tel = self._measure(now) if with_telemetry else {}
-        return self.state.snapshot(now, queue, running, tel)
+        tel, table = self._measure(now) if with_telemetry else ({}, None)
+        return self.state.snapshot(now, queue, running, tel, table)
 
-    def _measure(self, now: float) -> dict[str, JobTelemetry]:
-        """Telemetry of each running job over its last interval, with seeded noise. A job in its
-        restart pause reports nothing, and its speed counts from the end of the pause: on the
-        local backend its workers are down, and the speed comes from their reports once back."""
-        due, n, jobs = [], 0, self.jobs
+    def _measure(self, now: float) -> tuple[Mapping[str, JobTelemetry], ReadingTable]:
+        """Telemetry of each running job over its last interval, with seeded noise (one factor
+        per job and four per container, drawn at once), as a table and as the per-job mapping
+        made from it. A job in its restart pause reports nothing, and its speed counts from the
+        end of the pause: on the local backend its workers are down, and the speed comes from
+        their reports once back."""
+        due, progress, n, jobs = [], [], 0, self.jobs
+        models, burstable = self.models, self.burstable
+        rates = []
         for jid in self.state.running:
             j = jobs[jid]
             since = max(j.tel_since, j.paused_until)
             if now > since:
-                containers = tuple(j.rec.containers.values())
-                due.append((jid, j, since, containers))
-                n += 1 + NOISES_PER_CONTAINER * len(containers)
-        noise = self._factors(n)  # one noise factor per job and four per container, drawn at once
-        out = {}
-        k = 0
-        node_bw, models, burst, burstable = self._node_bw, self.models, self.burst, self.burstable
-        for jid, j, since, containers in due:
-            speed = (j.done - j.tel_done) / (now - since) * noise[k]
-            caps = [j.host] * len(containers) if j.host else [node_bw[c.node] for c in containers]  # as of now (_bw)
-            cores = [self._cores(c) for c in containers] if burst else None
-            readings = _Readings((j.step, models[j.rec.spec.model], containers, caps, noise, k + 1, cores, burstable))
-            out[jid] = JobTelemetry(since, max(0.0, speed), readings)
-            k += 1 + NOISES_PER_CONTAINER * len(containers)
-            j.tel_since, j.tel_done = now, j.done
-        return out
+                if j.cols is None:
+                    j.cols = _Columns.of(j.rec.containers.values(), self._node_index)
+                st, cols, host, r = j.rates
+                if st is not j.step or cols is not j.cols or host != j.host:
+                    j.rates = (j.step, j.cols, j.host, r := _job_rates(j.step, models[j.rec.spec.model], j.cols,
+                                                                       j.host, burstable))
+                rates.append(r)
+                due.append(j)
+                progress.append((j.done - j.tel_done, now - since, since, n))
+                n += 1 + NOISES_PER_CONTAINER * len(j.cols.ids)
+                j.tel_since, j.tel_done = now, j.done
+        noise = self._factors(n)
+        done, dt, since, k = np.array(progress, dtype=float).reshape(-1, 4).T
+        first = k.astype(int)
+        speed = np.maximum(0.0, done / dt * noise[first])
+        table = _readings([j.rec.spec.id for j in due], since, speed, [j.cols for j in due], rates, self._bw_rows,
+                          noise, first + 1, self.burst)
+        return TableTelemetry(table), table
 
-    def _factors(self, n: int) -> list[float]:
+    def _factors(self, n: int) -> np.ndarray:
         """``n`` multiplicative noise factors, max(0, 1 + noise × N(0, 1))."""
         if not self.noise:
-            return [1.0] * n
-        return np.maximum(0.0, 1.0 + self.noise * self.rng.standard_normal(n)).tolist()
+            return np.ones(n)
+        return np.maximum(0.0, 1.0 + self.noise * self.rng.standard_normal(n))
 
     # ---------------------------------------------------------------- actuate
     def actuate(self, decisions: Sequence[Decision], now: float) -> None:
@@ -323,7 +332,7 @@ class SimCluster:
     def _carry(self, e: Effect, now: float) -> set[str]:
         """The physics of one effect; returns the nodes it touched."""
         j = self.jobs[e.job]
-        j.shape = None
+        j.shape = j.cols = None
         j.host = self._host_link(j)
         if not isinstance(e, Stop):
             self._check_range(j)
@@ -412,9 +421,9 @@ class SimCluster:
         return self.state.node_by_name[nodes.pop()].nic_gbps if len(nodes) == 1 else 0.0
 
     def _set_bw(self, nodes: Iterable[str]) -> None:
-        by_name, bw = self.state.node_by_name, self._node_bw
+        by_name, bw, rows, index = self.state.node_by_name, self._node_bw, self._bw_rows, self._node_index
         for node in nodes:
-            bw[node] = by_name[node].nic_gbps * self._factor(node)
+            bw[node] = rows[index[node]] = by_name[node].nic_gbps * self._factor(node)
 
     def _factor(self, node: str) -> float:
         """The node's flows as requested over its flows now (each counted at least 1)."""

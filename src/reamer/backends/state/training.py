@@ -43,6 +43,7 @@ from reamer.domain import (
     TrainingJob,
 )
 from reamer.domain.decisions import InvalidDecision, Placement, check_start
+from reamer.domain.readings import ReadingTable
 
 
 @dataclass
@@ -273,11 +274,12 @@ class ClusterState:
         return grow
 
     def snapshot(self, now: float, queue: Sequence[JobView], running: Sequence[JobView],
-                 telemetry: dict[str, JobTelemetry]) -> ClusterSnapshot:
+                 telemetry: Mapping[str, JobTelemetry], readings: ReadingTable | None = None) -> ClusterSnapshot:
+        """``readings``: ``telemetry`` as columns, where the backend measured it so."""
         rows, per_node = self._free_rows.copy(), self._per_node.copy()
         rows.flags.writeable = per_node.flags.writeable = False
         return ClusterSnapshot(now, self.nodes, MappingProxyType(dict(self.free)), tuple(queue), tuple(running),
-                               MappingProxyType(telemetry), rows, per_node)
+                               MappingProxyType(telemetry), rows, per_node, readings)
 
     # ------------------------------------------------------------------ booking
     def _job(self, jid: str, state: JobState) -> JobRecord:
