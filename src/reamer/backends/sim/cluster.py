@@ -55,6 +55,7 @@ REFRESH_PASSES = 4  # rounds of re-timing the jobs on nodes whose flows a re-tim
 # a node's jobs are re-timed when its bandwidth factor moved by more than this share since they
 # were last timed (or came back to exactly 1: flows as requested), well inside telemetry noise
 FACTOR_TOLERANCE = 1e-3
+NO_FLOWS: tuple[float, tuple, frozenset[str]] = (0.0, (), frozenset())
 
 
 @dataclass
@@ -71,7 +72,9 @@ class _Run:
     paused_until: float = 0.0  # checkpoint + restart after a change of its PS/worker set
     base: Step = ZERO_STEP  # its step without CPU contention from co-located inference
     w_ref: float = 0.0  # its network share of a step at its request on full links (flows as requested)
-    flows: tuple[tuple[str, float, float], ...] = ()  # (node, flow now, flow as requested) it adds, per container
+    # the flows it adds: (flow now per container, (node, flow as requested) per container, those nodes)
+    flows: tuple[float, tuple[tuple[str, float], ...], frozenset[str]] = NO_FLOWS
+    flow_refs: tuple | None = None  # (its (node, flow as requested) per container, their nodes); None: to be rebuilt
     # its containers as the speed model takes them: (workers' (cores, GPUs, threads), PS' (cores,
     # threads), worker nodes, PS nodes); None: to be rebuilt (an effect or a burst changed them)
     shape: tuple | None = None
@@ -96,24 +99,20 @@ class Totals:
 
 @dataclass(frozen=True, slots=True)
 class _Columns:
-    """A job's containers as the readings' columns take them (rebuilt when an effect changes them)."""
+    """A job's containers as the readings' columns take them (rebuilt when an effect changes them):
+    their ids, and per container (row) the ``FIELDS``, row after row in ``rows``."""
 
+    FIELDS = ("kind", "role", "node", "cpu", "gpu", "mem")  # kind 0: a PS, 1: a GPU worker, 2: a CPU worker
     ids: tuple[str, ...]
-    role: tuple[int, ...]  # role codes (reamer.domain.readings)
-    kind: tuple[int, ...]  # 0: a PS, 1: a GPU worker, 2: a CPU worker
-    cpu: tuple[float, ...]
-    gpu: tuple[float, ...]
-    mem: tuple[float, ...]
-    node: tuple[int, ...]  # index into the cluster's nodes
+    rows: tuple[float, ...]
     workers: int
 
     @classmethod
     def of(cls, containers: Iterable[Container], node_index: Mapping[str, int]) -> _Columns:
         cs = tuple(containers)
-        kind = tuple(2 - (c.res.gpu > 0) if c.role is _WORKER else 0 for c in cs)
-        return cls(tuple(c.id for c in cs), tuple(ROLE_CODE[c.role] for c in cs), kind, tuple(c.res.cpu for c in cs),
-                   tuple(c.res.gpu for c in cs), tuple(c.res.mem_mib for c in cs), tuple(node_index[c.node] for c in cs),
-                   sum(1 for c in cs if c.role is _WORKER))
+        rows = tuple(x for c in cs for x in (0 if c.role is not _WORKER else 2 - (c.res.gpu > 0), ROLE_CODE[c.role],
+                                              node_index[c.node], c.res.cpu, c.res.gpu, c.res.mem_mib))
+        return cls(tuple(c.id for c in cs), rows, sum(1 for c in cs if c.role is _WORKER))
 
 
 def _job_rates(st: Step, prof: ModelProfile, cols: _Columns, host: float, burstable: bool) -> tuple[float, ...]:
@@ -137,6 +136,10 @@ def _job_rates(st: Step, prof: ModelProfile, cols: _Columns, host: float, bursta
             2.0 * n_w * bits / max(1, n_ps) / t / 1e9, host)
 
 
+_BUSY = np.array([0, 1, 3])  # per kind of container: its busy share's column of _job_rates
+_THROTTLED = np.array([0, 2, 3])  # and its throttled share's
+
+
 def _readings(jobs: Sequence[str], since: np.ndarray, speed: np.ndarray, cols: Sequence[_Columns],
               rates: Sequence[tuple[float, ...]], node_bw: np.ndarray, noise: np.ndarray, first: Sequence[int],
               extra: Mapping[str, float] | None = None) -> ReadingTable:
@@ -152,23 +155,23 @@ def _readings(jobs: Sequence[str], since: np.ndarray, speed: np.ndarray, cols: S
     np.cumsum(counts, out=start[1:])
     job = np.repeat(np.arange(len(cols)), counts)
 
-    def col(name: str, dtype: type) -> np.ndarray:
-        return np.fromiter(chain.from_iterable(getattr(c, name) for c in cols), dtype, n)
-
-    kind, node, cpu = col("kind", int), col("node", int), col("cpu", float)
-    r = np.array(rates, dtype=float).reshape(-1, 8)[job]
+    width = len(_Columns.FIELDS)
+    m = np.fromiter(chain.from_iterable([c.rows for c in cols]), float, n * width).reshape(n, width)
+    kind, role, node = m[:, :3].astype(int).T
+    cpu, gpus, mem = m[:, 3], m[:, 4], m[:, 5]
+    r = np.fromiter(chain.from_iterable(rates), float, 8 * len(rates)).reshape(-1, 8)[job]
     rows = np.arange(n)
     pos = np.asarray(first, dtype=int)[job] + NOISES_PER_CONTAINER * (rows - start[job])
     a, b, k, g = (noise[pos + i] for i in range(NOISES_PER_CONTAINER))
     ids = tuple(chain.from_iterable(c.ids for c in cols))
     on = cpu if not extra else cpu + np.fromiter((extra.get(cid, 0.0) for cid in ids), float, n)
-    busy = r[rows, np.array([0, 1, 3])[kind]]
-    throttled = r[rows, np.array([0, 2, 3])[kind]]
+    busy = r[rows, _BUSY[kind]]
+    throttled = r[rows, _THROTTLED[kind]]
     gpu_worker = kind == 1
     return ReadingTable(
-        tuple(jobs), since, speed, start, ids, job, col("role", int), col("gpu", float), cpu, node, np.ones(n, dtype=bool),
+        tuple(jobs), since, speed, start, ids, job, role, gpus, cpu, node, np.ones(n, dtype=bool),
         on * busy * a, cpu, np.minimum(1.0, throttled * b), np.where(kind == 0, r[:, 6], r[:, 5]) * k,
-        np.where(r[:, 7] > 0, r[:, 7], node_bw[node]), col("mem", float) * 0.8,
+        np.where(r[:, 7] > 0, r[:, 7], node_bw[node]), mem * 0.8,
         np.where(gpu_worker, np.minimum(1.0, r[:, 4] * g), 0.0))
 
 
@@ -332,7 +335,7 @@ class SimCluster:
     def _carry(self, e: Effect, now: float) -> set[str]:
         """The physics of one effect; returns the nodes it touched."""
         j = self.jobs[e.job]
-        j.shape = j.cols = None
+        j.shape = j.cols = j.flow_refs = None
         j.host = self._host_link(j)
         if not isinstance(e, Stop):
             self._check_range(j)
@@ -387,32 +390,32 @@ class SimCluster:
         request on full links, for as many containers of each role as it requested (spread
         over those it has, so that a job given a second PS adds flows but not requested ones)."""
         flows = self._flows
-        for node, now_, ref in j.flows:
+        w_old, refs_old, old_nodes = j.flows
+        for node, ref in refs_old:
             f = flows[node]
-            f[0] -= now_
+            f[0] -= w_old
             f[1] -= ref
-        touched = {node for node, _, _ in j.flows}
         containers = j.rec.containers.values()
         if not containers or j.host:
-            j.flows = ()
-            self._set_bw(touched)
+            j.flows = NO_FLOWS
+            self._set_bw(old_nodes)
             return
-        spec = j.rec.spec
+        if j.flow_refs is None:
+            spec = j.rec.spec
+            n_ps = sum(1 for c in containers if c.role is Role.PS)
+            n_w = len(containers) - n_ps
+            ref_ps = j.w_ref * (spec.ps / n_ps) if n_ps else 0.0
+            ref_w = j.w_ref * (spec.workers / n_w) if n_w else 0.0
+            refs = tuple((c.node, ref_ps if c.role is Role.PS else ref_w) for c in containers)
+            j.flow_refs = (refs, frozenset(node for node, _ in refs))
+        refs, nodes = j.flow_refs
         w = j.step.net_busy if j.step.speed > 0 else j.w_ref
-        n_ps = sum(1 for c in containers if c.role is Role.PS)
-        n_w = len(containers) - n_ps
-        ref_ps = j.w_ref * (spec.ps / n_ps) if n_ps else 0.0
-        ref_w = j.w_ref * (spec.workers / n_w) if n_w else 0.0
-        out = []
-        for c in containers:
-            ref = ref_ps if c.role is Role.PS else ref_w
-            f = flows[c.node]
+        for node, ref in refs:
+            f = flows[node]
             f[0] += w
             f[1] += ref
-            out.append((c.node, w, ref))
-            touched.add(c.node)
-        j.flows = tuple(out)
-        self._set_bw(touched)
+        j.flows = (w, refs, nodes)
+        self._set_bw(old_nodes | nodes)
 
     def _host_link(self, j: _Run) -> float:
         """The link rate of the job's one node when all its containers are there (their traffic
