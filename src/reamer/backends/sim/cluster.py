@@ -226,7 +226,6 @@ class SimCluster:
         # node -> its containers' bandwidth (_bw): the link's × _factor, kept with the flows
         self._node_bw: dict[str, float] = {n.name: n.nic_gbps * self._factor(n.name) for n in self.nodes}
         self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
-        self._bw_rows = np.array(list(self._node_bw.values()))  # _node_bw in node order (the readings' link capacities)
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
         self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
@@ -305,8 +304,9 @@ class SimCluster:
         done, dt, since, k = np.array(progress, dtype=float).reshape(-1, 4).T
         first = k.astype(int)
         speed = np.maximum(0.0, done / dt * noise[first])
-        table = _readings([j.rec.spec.id for j in due], since, speed, [j.cols for j in due], rates, self._bw_rows,
-                          noise, first + 1, self.burst)
+        bw = np.fromiter(self._node_bw.values(), float, len(self._node_bw))  # (in node order)
+        table = _readings([j.rec.spec.id for j in due], since, speed, [j.cols for j in due], rates, bw, noise,
+                          first + 1, self.burst)
         return TableTelemetry(table), table
 
     def _factors(self, n: int) -> np.ndarray:
@@ -424,9 +424,9 @@ class SimCluster:
         return self.state.node_by_name[nodes.pop()].nic_gbps if len(nodes) == 1 else 0.0
 
     def _set_bw(self, nodes: Iterable[str]) -> None:
-        by_name, bw, rows, index = self.state.node_by_name, self._node_bw, self._bw_rows, self._node_index
+        by_name, bw = self.state.node_by_name, self._node_bw
         for node in nodes:
-            bw[node] = rows[index[node]] = by_name[node].nic_gbps * self._factor(node)
+            bw[node] = by_name[node].nic_gbps * self._factor(node)
 
     def _factor(self, node: str) -> float:
         """The node's flows as requested over its flows now (each counted at least 1)."""
