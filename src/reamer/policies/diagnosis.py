@@ -78,31 +78,30 @@ class Diagnoses:
 def diagnose_table(t: ReadingTable, cpu_sat: float, net_sat: float, side_margin: float = 0.1) -> Diagnoses:
     """Diagnose every job of ``t`` from its measured rows: the per-job reductions :func:`diagnose`
     describes, as array reductions (sums in row order: the same numbers as one job at a time)."""
-    n, rows, job = len(t.jobs), len(t.ids), t.job
-    w = t.measured & (t.role == WORKER)
-    p = t.measured & (t.role != WORKER)
+    n, job, measured = len(t.jobs), t.job, t.measured
+    w = measured & (t.role == WORKER)
+    p = measured ^ w  # measured, not a worker: the PS side
     g = w & (t.gpus > 0)
-    util = np.divide(t.cpu_used, t.cpu_limit, out=np.zeros(rows), where=t.cpu_limit > 0)
-    link = np.divide(t.net_gbps, t.net_capacity_gbps, out=np.zeros(rows), where=t.net_capacity_gbps > 0)
-
-    def mean(mask: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = np.bincount(job[mask], minlength=n)
-        return np.divide(np.bincount(job[mask], x[mask], minlength=n), k, out=np.zeros(n), where=k > 0), k
-
-    def top(mask: np.ndarray, x: np.ndarray) -> np.ndarray:
-        out = np.zeros(n)
-        np.maximum.at(out, job[mask], x[mask])
-        return out
-
-    wu, _ = mean(w, util)
-    thr, _ = mean(w, t.throttled_ratio)
-    gu, gpu_workers = mean(g, t.gpu_util)
-    wnet, net = top(w, link), top(p, link)
-    pu, ps_thr = top(p, util), top(p, t.throttled_ratio)
-    used = np.bincount(job[t.measured], t.cpu_used[t.measured], minlength=n)
+    lim, cap = t.cpu_limit, t.net_capacity_gbps
+    util = np.divide(t.cpu_used, lim, out=np.zeros(len(lim)), where=lim > 0)
+    link = np.divide(t.net_gbps, cap, out=np.zeros(len(cap)), where=cap > 0)
+    jw, jp, jg = job[w], job[p], job[g]
+    workers = np.maximum(np.bincount(jw, minlength=n), 1)  # (a job with none sums 0: its mean is 0)
+    gpu_workers = np.bincount(jg, minlength=n)
+    wu = np.bincount(jw, util[w], n) / workers
+    thr = np.bincount(jw, t.throttled_ratio[w], n) / workers
+    gu = np.bincount(jg, t.gpu_util[g], n) / np.maximum(gpu_workers, 1)
+    wnet, net, pu, ps_thr = np.zeros((4, n))  # maxima of values ≥ 0 (0 without any)
+    for out, rows, x in ((wnet, jw, link[w]), (net, jp, link[p]), (pu, jp, util[p]), (ps_thr, jp, t.throttled_ratio[p])):
+        np.maximum.at(out, rows, x)
+    used = np.bincount(job[measured], t.cpu_used[measured], n)
     cpu_bound = (wu >= cpu_sat) & (wu >= pu)
-    b = np.select([(net >= net_sat) & (net > wnet * (1.0 + side_margin)), np.maximum(net, wnet) >= net_sat,
-                   gu >= cpu_sat, cpu_bound & (gpu_workers > 0), cpu_bound, pu >= cpu_sat], [1, 2, 3, 4, 5, 6], 0)
+    b = np.where(pu >= cpu_sat, 6, 0)  # from the last rule to the first: an earlier one that holds wins
+    b[cpu_bound] = 5
+    b[cpu_bound & (gpu_workers > 0)] = 4
+    b[gu >= cpu_sat] = 3
+    b[np.maximum(net, wnet) >= net_sat] = 2
+    b[(net >= net_sat) & (net > wnet * (1.0 + side_margin))] = 1
     return Diagnoses(b, wu, thr, gu, pu, net, wnet, used, ps_thr)
 
 
