@@ -1,5 +1,3 @@
-from dataclasses import replace
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,7 +50,7 @@ def test_a_scan_yields_what_a_scan_of_the_whole_queue_would(rounds):
         queue = [v for v in queue if v not in started]
         if back and started:
             enq += 1
-            queue.append(replace(started[0], order=enq))
+            queue.append(started[0]._replace(order=enq))
 
 
 def test_a_queue_without_numbers_or_from_another_state_is_taken_in_afresh():

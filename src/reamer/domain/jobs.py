@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from reamer.domain.cluster import Container, Resources, Role
 
@@ -55,9 +56,9 @@ class JobState(StrEnum):
     DONE = "done"
 
 
-@dataclass(frozen=True, slots=True)
-class JobView:
-    """A job as a policy sees it at one instant."""
+class JobView(NamedTuple):
+    """A job as a policy sees it at one instant (immutable; a named tuple: the simulator makes
+    one per running job and telemetry interval)."""
 
     spec: TrainingJob
     state: JobState

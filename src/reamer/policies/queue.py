@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import attrgetter
 
 from reamer.domain import JobView, TrainingJob
@@ -56,7 +56,7 @@ class RequestGroups:
         if not queue:
             return
         if queue[0].order <= 0:  # a snapshot made without the cluster state's queue numbers
-            queue = tuple(replace(v, order=i) for i, v in enumerate(queue, 1))
+            queue = tuple(v._replace(order=i) for i, v in enumerate(queue, 1))
             self._nodes = None  # taken in afresh each round
         self._take_in(queue, nodes)
         heap: list[tuple[int, Hashable]] = []

@@ -226,6 +226,7 @@ class SimCluster:
         # node -> its containers' bandwidth (_bw): the link's × _factor, kept with the flows
         self._node_bw: dict[str, float] = {n.name: n.nic_gbps * self._factor(n.name) for n in self.nodes}
         self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        self._nic_gbps = {n.name: n.nic_gbps for n in self.nodes}
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
         self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
@@ -424,9 +425,10 @@ class SimCluster:
         return self.state.node_by_name[nodes.pop()].nic_gbps if len(nodes) == 1 else 0.0
 
     def _set_bw(self, nodes: Iterable[str]) -> None:
-        by_name, bw = self.state.node_by_name, self._node_bw
+        flows, nic, bw = self._flows, self._nic_gbps, self._node_bw
         for node in nodes:
-            bw[node] = by_name[node].nic_gbps * self._factor(node)
+            now_, ref = flows[node]  # (as _factor, inline: the hottest loop of a re-timing)
+            bw[node] = nic[node] * ((ref if ref > 1.0 else 1.0) / (now_ if now_ > 1.0 else 1.0))
 
     def _factor(self, node: str) -> float:
         """The node's flows as requested over its flows now (each counted at least 1)."""

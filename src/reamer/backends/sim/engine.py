@@ -18,13 +18,13 @@ class Ev(IntEnum):
 
 class EventQueue:
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, Any]] = []
+        self._heap: list[tuple[float, Ev, int, Any]] = []
         self._seq = 0
         self.popped = 0
 
     def push(self, t: float, kind: Ev, payload: Any = None) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t, int(kind), self._seq, payload))
+        heapq.heappush(self._heap, (t, kind, self._seq, payload))  # (an Ev compares as its int)
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -35,4 +35,4 @@ class EventQueue:
     def pop(self) -> tuple[float, Ev, Any]:
         t, kind, _, payload = heapq.heappop(self._heap)
         self.popped += 1
-        return t, Ev(kind), payload
+        return t, kind, payload
