@@ -197,7 +197,7 @@ class Nearchus:
         # bounded by what is due rather than by the running jobs).
         running: dict[str, JobView] = {}
         if snap.telemetry or snap.queue or self._adding:
-            running = {j.id: j for j in snap.running}
+            running = {j.spec.id: j for j in snap.running}
             self._sync(snap, running, table)
         if self.cfg.restore and not snap.queue and any(st.owed for st in self.jobs.values()):
             out += self._restore(snap, free)
@@ -248,11 +248,12 @@ class Nearchus:
         """Forget jobs no longer running, take in running ones it does not know, confirm the
         containers its additions created and keep each job's measured speed."""
         jobs = self.jobs
-        for jid in [jid for jid in jobs if jid not in running]:
+        for jid in jobs.keys() - running.keys():
             del jobs[jid]
-        for jid, job in running.items():
-            if jid not in jobs:
-                jobs[jid] = _Job(job.started_s or snap.now)
+        if len(jobs) < len(running):  # (what it knows is now among the running jobs)
+            for jid, job in running.items():
+                if jid not in jobs:
+                    jobs[jid] = _Job(job.started_s or snap.now)
         for jid in self._adding:  # every job with an addition still to confirm is in _adding (_act)
             st = jobs.get(jid)
             if st is not None and _unconfirmed(st):

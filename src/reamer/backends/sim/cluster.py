@@ -283,31 +283,30 @@ class SimCluster:
         made from it. A job in its restart pause reports nothing, and its speed counts from the
         end of the pause: on the local backend its workers are down, and the speed comes from
         their reports once back."""
-        due, progress, n, jobs = [], [], 0, self.jobs
+        ids, cols, rates, progress, n, jobs = [], [], [], [], 0, self.jobs
         models, burstable = self.models, self.burstable
-        rates = []
         for jid in self.state.running:
             j = jobs[jid]
-            since = max(j.tel_since, j.paused_until)
+            since = j.paused_until if j.paused_until > j.tel_since else j.tel_since
             if now > since:
-                if j.cols is None:
-                    j.cols = _Columns.of(j.rec.containers.values(), self._node_index)
-                st, cols, host, r = j.rates
-                if st is not j.step or cols is not j.cols or host != j.host:
-                    j.rates = (j.step, j.cols, j.host, r := _job_rates(j.step, models[j.rec.spec.model], j.cols,
-                                                                       j.host, burstable))
+                c = j.cols
+                if c is None:
+                    c = j.cols = _Columns.of(j.rec.containers.values(), self._node_index)
+                st, was, host, r = j.rates
+                if st is not j.step or was is not c or host != j.host:
+                    j.rates = (j.step, c, j.host, r := _job_rates(j.step, models[j.rec.spec.model], c, j.host, burstable))
+                ids.append(jid)
+                cols.append(c)
                 rates.append(r)
-                due.append(j)
                 progress.append((j.done - j.tel_done, now - since, since, n))
-                n += 1 + NOISES_PER_CONTAINER * len(j.cols.ids)
+                n += 1 + NOISES_PER_CONTAINER * len(c.ids)
                 j.tel_since, j.tel_done = now, j.done
         noise = self._factors(n)
-        done, dt, since, k = np.array(progress, dtype=float).reshape(-1, 4).T
+        done, dt, since_s, k = np.fromiter(chain.from_iterable(progress), float, 4 * len(progress)).reshape(4, -1, order="F")
         first = k.astype(int)
         speed = np.maximum(0.0, done / dt * noise[first])
         bw = np.fromiter(self._node_bw.values(), float, len(self._node_bw))  # (in node order)
-        table = _readings([j.rec.spec.id for j in due], since, speed, [j.cols for j in due], rates, bw, noise,
-                          first + 1, self.burst)
+        table = _readings(ids, since_s, speed, cols, rates, bw, noise, first + 1, self.burst)
         return TableTelemetry(table), table
 
     def _factors(self, n: int) -> np.ndarray:
@@ -416,7 +415,7 @@ class SimCluster:
             f[0] += w
             f[1] += ref
         j.flows = (w, refs, nodes)
-        self._set_bw(old_nodes | nodes)
+        self._set_bw(nodes if old_nodes is nodes else old_nodes | nodes)
 
     def _host_link(self, j: _Run) -> float:
         """The link rate of the job's one node when all its containers are there (their traffic
