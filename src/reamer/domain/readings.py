@@ -86,8 +86,9 @@ class ReadingTable:
         m = np.array(meta, dtype=float).reshape(-1, 5)
         r = np.array(vals, dtype=float).reshape(-1, len(READINGS))
         since, speed = np.array(rates, dtype=float).reshape(-1, 2).T
-        return cls(tuple(jobs), since, speed, np.array(start), tuple(ids), m[:, 0].astype(int), m[:, 1].astype(int), m[:, 2],
-                   m[:, 3], m[:, 4].astype(int), np.array(measured, dtype=bool), *r.T)
+        job, role, gpus, cores, node = m.T
+        return cls(tuple(jobs), since, speed, np.array(start), tuple(ids), job.astype(int), role.astype(int), gpus,
+                   cores, node.astype(int), np.array(measured, dtype=bool), *r.T)
 
 
 class TableReadings(Mapping[str, ContainerTelemetry]):

@@ -49,7 +49,7 @@ class ClusterSnapshot:
     # ``free`` as read-only rows (cores, MiB, GPUs) in ``nodes`` order (None: build them from ``free``)
     free_rows: np.ndarray | None = None
     containers_per_node: np.ndarray | None = None  # PS/worker containers per node, ``nodes`` order
-    # ``telemetry`` as columns, where the backend measured it so (None: :func:`reamer.domain.readings.readings_of` builds it)
+    # ``telemetry`` as columns, where the backend measured it so (None: ``readings_of`` builds it)
     readings: ReadingTable | None = None
 
     def node(self, name: str) -> Node:

@@ -52,7 +52,7 @@ class Diagnosis(NamedTuple):
     ps_throttled: float = 0.0  # max share of CFS periods throttled, PS
 
 
-# the codes of Diagnoses.bottleneck (NEARCHUS screens by them: keep the order)
+# Diagnoses.bottleneck: an index into these
 BOTTLENECKS = ("none", "network", "worker_network", "gpu", "input", "compute", "ps")
 
 
@@ -72,7 +72,8 @@ class Diagnoses:
     ps_throttled: np.ndarray
 
     def at(self, i: int) -> Diagnosis:
-        return Diagnosis(BOTTLENECKS[int(self.bottleneck[i])], *(float(getattr(self, f)[i]) for f in Diagnosis._fields[1:]))
+        values = (float(getattr(self, f)[i]) for f in Diagnosis._fields[1:])
+        return Diagnosis(BOTTLENECKS[int(self.bottleneck[i])], *values)
 
 
 def diagnose_table(t: ReadingTable, cpu_sat: float, net_sat: float, side_margin: float = 0.1) -> Diagnoses:
@@ -92,16 +93,19 @@ def diagnose_table(t: ReadingTable, cpu_sat: float, net_sat: float, side_margin:
     thr = np.bincount(jw, t.throttled_ratio[w], n) / workers
     gu = np.bincount(jg, t.gpu_util[g], n) / np.maximum(gpu_workers, 1)
     wnet, net, pu, ps_thr = np.zeros((4, n))  # maxima of values ≥ 0 (0 without any)
-    for out, rows, x in ((wnet, jw, link[w]), (net, jp, link[p]), (pu, jp, util[p]), (ps_thr, jp, t.throttled_ratio[p])):
+    for out, rows, x in ((wnet, jw, link[w]), (net, jp, link[p]), (pu, jp, util[p]),
+                         (ps_thr, jp, t.throttled_ratio[p])):
         np.maximum.at(out, rows, x)
     used = np.bincount(job[measured], t.cpu_used[measured], n)
     cpu_bound = (wu >= cpu_sat) & (wu >= pu)
-    b = np.where(pu >= cpu_sat, 6, 0)  # from the last rule to the first: an earlier one that holds wins
-    b[cpu_bound] = 5
-    b[cpu_bound & (gpu_workers > 0)] = 4
-    b[gu >= cpu_sat] = 3
-    b[np.maximum(net, wnet) >= net_sat] = 2
-    b[(net >= net_sat) & (net > wnet * (1.0 + side_margin))] = 1
+    code = BOTTLENECKS.index
+    # the rules from the last to the first: an earlier one that holds wins
+    b = np.where(pu >= cpu_sat, code("ps"), code("none"))
+    b[cpu_bound] = code("compute")
+    b[cpu_bound & (gpu_workers > 0)] = code("input")
+    b[gu >= cpu_sat] = code("gpu")
+    b[np.maximum(net, wnet) >= net_sat] = code("worker_network")
+    b[(net >= net_sat) & (net > wnet * (1.0 + side_margin))] = code("network")
     return Diagnoses(b, wu, thr, gu, pu, net, wnet, used, ps_thr)
 
 

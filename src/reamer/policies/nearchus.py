@@ -228,7 +228,8 @@ class Nearchus:
         :meth:`_act` sizes it). A job with no change pending and no such action gets nothing from
         :meth:`_adapt`, so it is screened out as one array program."""
         cfg, b, n = self.cfg, d.bottleneck, len(t.jobs)
-        none, network, _, gpu, input_, compute, ps_ = range(len(BOTTLENECKS))
+        names = ("none", "network", "gpu", "input", "compute", "ps")
+        none, network, gpu, input_, compute, ps_ = map(BOTTLENECKS.index, names)
         grows = (b == ps_) | (b == compute) | (b == input_)
         if cfg.outscale:
             grows |= (b == network) | (b == gpu)
@@ -459,7 +460,8 @@ class Nearchus:
         rows = t.measured & (t.role != INFERENCE)
         if not rows.any():
             return None
-        return np.bincount(t.node[rows], t.net_gbps[rows], minlength=len(free.names)) / self._nic_cap  # (summed in row order)
+        # (summed in row order: jobs as the snapshot lists them, each job's containers in order)
+        return np.bincount(t.node[rows], t.net_gbps[rows], minlength=len(free.names)) / self._nic_cap
 
     def _nic_ok(self, free: FreeMap, expect_gbps: float = 0.0) -> np.ndarray | None:
         """Nodes whose NIC keeps headroom (last measurement + ``expect_gbps`` of the new

@@ -80,7 +80,7 @@ class _Run:
     shape: tuple | None = None
     host: float = 0.0  # the link rate of its one node while all its containers are there (in-host), else 0.0
     pipe: bool = False  # its model's GPU workers run an input pipeline (GPU job with a GPU rate)
-    cols: _Columns | None = None  # its containers as its readings take them; None: to be rebuilt (an effect changed them)
+    cols: _Columns | None = None  # its containers as its readings take them; None: to be rebuilt (an effect changed)
     rates: tuple = (None, None, 0.0, ())  # (step, cols, host link) -> _job_rates of them, kept while they stand
 
 
@@ -294,7 +294,8 @@ class SimCluster:
                     c = j.cols = _Columns.of(j.rec.containers.values(), self._node_index)
                 st, was, host, r = j.rates
                 if st is not j.step or was is not c or host != j.host:
-                    j.rates = (j.step, c, j.host, r := _job_rates(j.step, models[j.rec.spec.model], c, j.host, burstable))
+                    r = _job_rates(j.step, models[j.rec.spec.model], c, j.host, burstable)
+                    j.rates = (j.step, c, j.host, r)
                 ids.append(jid)
                 cols.append(c)
                 rates.append(r)
@@ -302,7 +303,8 @@ class SimCluster:
                 n += 1 + NOISES_PER_CONTAINER * len(c.ids)
                 j.tel_since, j.tel_done = now, j.done
         noise = self._factors(n)
-        done, dt, since_s, k = np.fromiter(chain.from_iterable(progress), float, 4 * len(progress)).reshape(4, -1, order="F")
+        cols4 = np.fromiter(chain.from_iterable(progress), float, 4 * len(progress))
+        done, dt, since_s, k = cols4.reshape(4, -1, order="F")  # (per job: progress, interval, since, noise index)
         first = k.astype(int)
         speed = np.maximum(0.0, done / dt * noise[first])
         bw = np.fromiter(self._node_bw.values(), float, len(self._node_bw))  # (in node order)
