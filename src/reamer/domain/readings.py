@@ -57,10 +57,6 @@ class ReadingTable:
         """Job id -> its index in ``jobs``."""
         return {jid: i for i, jid in enumerate(self.jobs)}
 
-    def job_readings(self, i: int) -> Mapping[str, ContainerTelemetry]:
-        """Job ``i``'s readings by container id (its measured rows), as a mapping built when first read."""
-        return TableReadings(self, i)
-
     @classmethod
     def of(cls, running: Sequence[JobView], telemetry: Mapping[str, JobTelemetry],
            node_index: Mapping[str, int] | None = None) -> ReadingTable:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 
@@ -31,7 +31,6 @@ from reamer.backends.state import ClusterState, Effect, JobRecord, Launch, Resha
 from reamer.domain import (
     ClusterSnapshot,
     Container,
-    ContainerTelemetry,
     Decision,
     JobState,
     JobTelemetry,
@@ -226,7 +225,6 @@ class SimCluster:
         # node -> its containers' bandwidth (_bw): the link's × _factor, kept with the flows
         self._node_bw: dict[str, float] = {n.name: n.nic_gbps * self._factor(n.name) for n in self.nodes}
         self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
-        self._nic_gbps = {n.name: n.nic_gbps for n in self.nodes}
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
         self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
@@ -426,10 +424,9 @@ class SimCluster:
         return self.state.node_by_name[nodes.pop()].nic_gbps if len(nodes) == 1 else 0.0
 
     def _set_bw(self, nodes: Iterable[str]) -> None:
-        flows, nic, bw = self._flows, self._nic_gbps, self._node_bw
+        by_name, bw = self.state.node_by_name, self._node_bw
         for node in nodes:
-            now_, ref = flows[node]  # (as _factor, inline: the hottest loop of a re-timing)
-            bw[node] = nic[node] * ((ref if ref > 1.0 else 1.0) / (now_ if now_ > 1.0 else 1.0))
+            bw[node] = by_name[node].nic_gbps * self._factor(node)
 
     def _factor(self, node: str) -> float:
         """The node's flows as requested over its flows now (each counted at least 1)."""
