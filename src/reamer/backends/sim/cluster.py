@@ -46,7 +46,7 @@ from reamer.models.zoo import ZOO
 log = logging.getLogger(__name__)
 
 
-STEP_MEMO = 65_536  # steps remembered (_step) before the memo starts over
+STEP_MEMO = 65_536  # step plans remembered (_plan) before the memo starts over
 _WORKER = Role.WORKER
 NOISES_PER_CONTAINER = 4  # telemetry noise factors per container: CPU use, throttling, network, GPU
 BURST_GRID = 0.05  # burstable training: a worker's cores above its request, rounded down to this
@@ -74,9 +74,10 @@ class _Run:
     # the flows it adds: (flow now per container, (node, flow as requested) per container, those nodes)
     flows: tuple[float, tuple[tuple[str, float], ...], frozenset[str]] = NO_FLOWS
     flow_refs: tuple | None = None  # (its (node, flow as requested) per container, their nodes); None: to be rebuilt
-    # its containers as the speed model takes them: (workers' (cores, GPUs, threads), PS' (cores,
-    # threads), worker nodes, PS nodes); None: to be rebuilt (an effect or a burst changed them)
+    # its containers as the speed model takes them: (the step plan of its workers' and PS' cores,
+    # worker nodes, PS nodes); None: to be rebuilt (an effect or a burst changed them)
     shape: tuple | None = None
+    base_at: tuple | None = None  # (plan, worker link, PS link, input scale) its base step was made at
     host: float = 0.0  # the link rate of its one node while all its containers are there (in-host), else 0.0
     pipe: bool = False  # its model's GPU workers run an input pipeline (GPU job with a GPU rate)
     cols: _Columns | None = None  # its containers as its readings take them; None: to be rebuilt (an effect changed)
@@ -227,8 +228,7 @@ class SimCluster:
         self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
-        self._steps: dict[tuple, Step] = {}  # _step's memo (input scale 1)
-        self._plans: dict[tuple, StepPlan] = {}  # and of the plans of cores (a job that cannot step: a plan of none)
+        self._plans: dict[tuple, StepPlan] = {}  # the step plans of cores (a job that cannot step: a plan of none)
         # model (or "PS") -> (the most cores the fraction used for its containers was measured
         # at, the most one of them got beyond that): where the speed model extrapolated (_check_range)
         self.extrapolated: dict[str, tuple[float, float]] = {}
@@ -439,8 +439,8 @@ class SimCluster:
         spec = j.rec.spec
         nic = min(self.state.node_by_name[c.node].nic_gbps for c in containers)
         w, p = spec.worker_res, spec.ps_res
-        return self._step(spec.model, 1.0, spec.batch, ((w.cpu, w.gpu, None),) * spec.workers, ((p.cpu, None),) * spec.ps,
-                          nic, nic).net_busy
+        plan = self._plan(spec.model, spec.batch, ((w.cpu, w.gpu, None),) * spec.workers, ((p.cpu, None),) * spec.ps)
+        return plan.at(nic, nic).net_busy
 
     def _progress(self, j: _Run, now: float) -> None:
         """Advance a job's samples to ``now`` at its current speed (called for running jobs,
@@ -582,15 +582,17 @@ class SimCluster:
             return False
         self._progress(j, now)
         self._stale.add(jid)
-        spec = j.rec.spec
-        workers, ps, bw_w, bw_ps, scale, k = self._inputs(j)
-        j.base = self._step(spec.model, scale, spec.batch, workers, ps, bw_w, bw_ps)
+        plan, bw_w, bw_ps, scale, k = self._inputs(j)
+        at = (plan, bw_w, bw_ps, scale)
+        if at != j.base_at:  # its plan, links or input cost moved (not only its contention)
+            j.base, j.base_at = plan.at(bw_w, bw_ps, scale), at
         new = self._contend(j.base, k)
         if new.speed == j.step.speed and new.cpu_used == j.step.cpu_used and j.paused_until <= now:
             if new != j.step:
                 self._account(j, new)
             return False
         self._account(j, new)
+        spec = j.rec.spec
         if spec.duration_s is not None:
             return True  # it ends at its first start + duration whatever its speed: the event of its launch stands
         j.version += 1
@@ -600,8 +602,8 @@ class SimCluster:
         return True
 
     def _inputs(self, j: _Run) -> tuple:
-        """What the job's step is computed from: its workers' (cores, GPUs, threads) and PS'
-        (cores, threads), its slowest worker and PS links, its input-cost factor and the
+        """What the job's step is computed from: the plan of its workers' (cores, GPUs, threads)
+        and PS' (cores, threads), its slowest worker and PS links, its input-cost factor and the
         contention share of its most contended node."""
         shape = j.shape
         if shape is None:
@@ -613,8 +615,10 @@ class SimCluster:
                 else:
                     ps.append((c.res.cpu, None))
                     ps_nodes.add(c.node)
-            shape = j.shape = (tuple(workers), tuple(ps), tuple(w_nodes), tuple(ps_nodes))
-        workers, ps, w_nodes, ps_nodes = shape
+            spec = j.rec.spec
+            plan = self._plan(spec.model, spec.batch, tuple(workers), tuple(ps))
+            shape = j.shape = (plan, tuple(w_nodes), tuple(ps_nodes))
+        plan, w_nodes, ps_nodes = shape
         if j.host:
             bw_w = bw_ps = j.host
         else:
@@ -624,26 +628,7 @@ class SimCluster:
         k = 1.0
         if self.contention:
             k = min((self.contention.get(n, 1.0) for n in (*w_nodes, *ps_nodes)), default=1.0)
-        return workers, ps, bw_w, bw_ps, self.input_scale.get(j.rec.spec.id, self.input_scale_default), k
-
-    def _step(self, model: str, input_scale: float, batch: int, workers: tuple, ps: tuple, bw_w: float,
-              bw_ps: float) -> Step:
-        """The speed model's step (:func:`reamer.models.training.plan_step` sides; ``bw_*``: the
-        slowest worker and PS links, Gbit/s). Remembered: the plan per model and cores (a job
-        whose links' shares or input cost move finishes its plan again), the step as well at
-        input scale 1 (jobs of one request on uncongested links share it). Bounded: forgotten
-        wholesale when large."""
-        if not workers or not ps:
-            return ZERO_STEP
-        if input_scale == 1.0:
-            key = (model, batch, workers, ps, bw_w, bw_ps)
-            st = self._steps.get(key)
-            if st is None:
-                if len(self._steps) >= STEP_MEMO:
-                    self._steps.clear()
-                st = self._steps[key] = self._plan(model, batch, workers, ps).at(bw_w, bw_ps)
-            return st
-        return self._plan(model, batch, workers, ps).at(bw_w, bw_ps, input_scale)
+        return plan, bw_w, bw_ps, self.input_scale.get(j.rec.spec.id, self.input_scale_default), k
 
     def _plan(self, model: str, batch: int, workers: tuple, ps: tuple) -> StepPlan:
         key = (model, batch, workers, ps)
