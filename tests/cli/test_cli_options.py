@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -107,10 +108,13 @@ def test_completion_is_offered_and_completes_policy_names(tmp_path):
     assert p.stdout.split() == [n for n in policy_names("harvest") if n.startswith("u")]
     env.update(COMP_WORDS="reamer cl", COMP_CWORD="1")
     assert _run([REAMER], env=env).stdout.split() == ["cleanup"]
-    # --install-completion writes the script under $HOME (a scratch one here)
+    # --install-completion writes the script under $HOME (a scratch one here), for the shell it
+    # is run from (detected from its parent processes): run from bash, as a user would, whatever
+    # started the tests (`; exit $?` keeps bash the parent instead of letting it exec the command)
     home = tmp_path / "home"
     home.mkdir()
-    p = _run([REAMER, "--install-completion"], env={**os.environ, "HOME": str(home), "SHELL": "/bin/bash"})
+    p = _run(["bash", "-c", f"{shlex.quote(str(REAMER))} --install-completion; exit $?"],
+             env={**os.environ, "HOME": str(home), "SHELL": "/bin/bash"})
     assert p.returncode == 0, p.stderr
     assert "_REAMER_COMPLETE" in (home / ".bash_completions" / "reamer.sh").read_text()
 
