@@ -226,6 +226,7 @@ class SimCluster:
         # node -> its containers' bandwidth (_bw): the link's × _factor, kept with the flows
         self._node_bw: dict[str, float] = {n.name: n.nic_gbps * self._factor(n.name) for n in self.nodes}
         self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        self._bw_column = np.array(list(self._node_bw.values()), dtype=float)  # the same, in node order (readings)
         # node -> the bandwidth factor its jobs were last re-timed for (absent: 1.0)
         self._timed: dict[str, float] = {}
         self._plans: dict[tuple, StepPlan] = {}  # the step plans of cores (a job that cannot step: a plan of none)
@@ -305,8 +306,7 @@ class SimCluster:
         done, dt, since_s, k = cols4.reshape(4, -1, order="F")  # (per job: progress, interval, since, noise index)
         first = k.astype(int)
         speed = np.maximum(0.0, done / dt * noise[first])
-        bw = np.fromiter(self._node_bw.values(), float, len(self._node_bw))  # (in node order)
-        table = _readings(ids, since_s, speed, cols, rates, bw, noise, first + 1, self.burst)
+        table = _readings(ids, since_s, speed, cols, rates, self._bw_column, noise, first + 1, self.burst)
         return TableTelemetry(table), table
 
     def _factors(self, n: int) -> np.ndarray:
@@ -424,9 +424,9 @@ class SimCluster:
         return self.state.node_by_name[nodes.pop()].nic_gbps if len(nodes) == 1 else 0.0
 
     def _set_bw(self, nodes: Iterable[str]) -> None:
-        by_name, bw = self.state.node_by_name, self._node_bw
+        by_name, bw, column, index = self.state.node_by_name, self._node_bw, self._bw_column, self._node_index
         for node in nodes:
-            bw[node] = by_name[node].nic_gbps * self._factor(node)
+            bw[node] = column[index[node]] = by_name[node].nic_gbps * self._factor(node)
 
     def _factor(self, node: str) -> float:
         """The node's flows as requested over its flows now (each counted at least 1)."""
