@@ -103,6 +103,18 @@ def test_preempt_keeps_progress_and_requeues():
     assert not c.complete(jid, v, t)
 
 
+def test_a_preempted_job_started_again_in_the_same_place_runs_at_its_speed_again():
+    c, events = _cluster()
+    start = StartJob("j", (Placement(Role.PS, "n0", Resources(1, 512)), Placement(Role.WORKER, "n1", Resources(2, 512))))
+    c.actuate([start], 0.0)
+    speed = c.jobs["j"].step.speed
+    c.actuate([Preempt("j")], 100.0)
+    assert c.jobs["j"].step.speed == 0.0
+    c.actuate([start], 200.0)
+    assert speed > 0 and c.jobs["j"].step.speed == speed and c.jobs["j"].base.speed == speed
+    assert events[-1][1] < float("inf")
+
+
 def test_restart_pause_reports_no_telemetry_and_speed_counts_after_it():
     """A job changing shape restarts (``restart_s``): meanwhile its workers report nothing, as on
     the local backend, and its next speed is the new shape's running speed, not diluted by the pause."""

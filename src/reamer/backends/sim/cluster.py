@@ -371,7 +371,7 @@ class SimCluster:
     def _released(self, j: _Run, e: Stop) -> set[str]:
         self._account(j, ZERO_STEP)
         self._set_flows(j)  # its containers are gone: its flows too
-        j.base = ZERO_STEP
+        j.base, j.base_at = ZERO_STEP, None
         for c in e.containers:
             self.burst.pop(c.id, None)
         return {c.node for c in e.containers}
@@ -631,6 +631,10 @@ class SimCluster:
         return plan, bw_w, bw_ps, self.input_scale.get(j.rec.spec.id, self.input_scale_default), k
 
     def _plan(self, model: str, batch: int, workers: tuple, ps: tuple) -> StepPlan:
+        """The speed model's plan of a job's cores (:func:`reamer.models.training.plan_step`;
+        workers as (cores, GPUs, threads), PS as (cores, threads)), which :meth:`StepPlan.at`
+        finishes for its links and input cost. Remembered per model and cores (jobs of one
+        request share it); bounded: forgotten wholesale when large."""
         key = (model, batch, workers, ps)
         plan = self._plans.get(key)
         if plan is None:
