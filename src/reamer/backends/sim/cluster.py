@@ -23,7 +23,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import chain
 
 import numpy as np
 
@@ -81,6 +81,7 @@ class _Run:
     host: float = 0.0  # the link rate of its one node while all its containers are there (in-host), else 0.0
     pipe: bool = False  # its model's GPU workers run an input pipeline (GPU job with a GPU rate)
     cols: _Columns | None = None  # its containers as its readings take them; None: to be rebuilt (an effect changed)
+    need_at: tuple = (None, 0.0, 0.0)  # (base step, input scale, cores its workers' input pipeline needs then)
     rates: tuple = (None, None, 0.0, ())  # (step, cols, host link) -> _job_rates of them, kept while they stand
 
 
@@ -517,18 +518,23 @@ class SimCluster:
             return 0.0
         j = self.jobs[c.owner]
         spec, st = j.rec.spec, j.base
+        scale = self.input_scale.get(spec.id, self.input_scale_default)
+        at = j.need_at
+        if at[0] is st and at[1] == scale:  # its workers share one need
+            return max(0.0, at[2] - c.res.cpu)
         model = self.models[spec.model]
-        if model.gpu_samples_per_s <= 0 or st.speed <= 0:
-            return 0.0
-        rest = st.gpu_busy * st.t + st.t_net + st.t_ps
-        work = spec.batch * model.input_core_s_per_sample * self.input_scale.get(spec.id, self.input_scale_default)
-        f = fraction_of(model, self.cal)[0]
-        e = work / rest if rest > 0 else math.inf
-        if e <= 1.0:
-            need = e
-        else:
-            inv = 1.0 / e - (1.0 - f)
-            need = f / inv if inv > 0 else math.inf
+        need = 0.0
+        if model.gpu_samples_per_s > 0 and st.speed > 0:
+            rest = st.gpu_busy * st.t + st.t_net + st.t_ps
+            work = spec.batch * model.input_core_s_per_sample * scale
+            f = fraction_of(model, self.cal)[0]
+            e = work / rest if rest > 0 else math.inf
+            if e <= 1.0:
+                need = e
+            else:
+                inv = 1.0 / e - (1.0 - f)
+                need = f / inv if inv > 0 else math.inf
+        j.need_at = (st, scale, need)
         return max(0.0, need - c.res.cpu)
 
     def _burst_node(self, node: str) -> set[str]:
@@ -540,13 +546,13 @@ class SimCluster:
         containers = self.state.containers_on(node)
         avail = self.state.node_by_name[node].cores - self.burst_reserve
         wants: list[tuple[Container, float]] = []
-        for c in containers:
+        for c, use in zip(containers, self.container_uses(containers), strict=True):
             extra = self._extra_need(c)
             if extra > BURST_GRID:
                 wants.append((c, extra))
                 avail -= c.res.cpu
             else:
-                avail -= self.container_use(c)
+                avail -= use
         got = dict.fromkeys((c.id for c, _ in wants), 0.0)
         left, open_ = max(0.0, avail), list(wants)
         while open_ and left > 1e-9:  # water-filling: an equal share per weight, the satisfied leave
@@ -696,28 +702,34 @@ class SimCluster:
         self.input_scale = dict(scales)
         self._refresh((), changed, now)
 
-    def container_use(self, c: Container, contended: bool = False) -> float:
-        """Cores a training container keeps busy on average (no noise), at its job's base step
-        (what it needs) or, with ``contended``, at its current step (what it gets)."""
-        j = self.jobs[c.owner]
-        st = j.step if contended else j.base
-        if st.speed <= 0:
-            return 0.0
-        res = c.res
-        if c.role is Role.WORKER:
-            if res.gpu > 0 and j.pipe:
-                use = self._cores(c) * min(1.0, st.t_pipe / st.t)
-                return use * (st.speed / j.base.speed) if contended else use
-            return res.cpu * st.worker_busy
-        return res.cpu * st.ps_busy
+    def container_uses(self, containers: Iterable[Container], contended: bool = False) -> list[float]:
+        """Cores each training container keeps busy on average (no noise), at its job's base
+        step (what it needs) or, with ``contended``, at its current step (what it gets)."""
+        jobs, burst, worker, out = self.jobs, self.burst, Role.WORKER, []
+        for c in containers:
+            j = jobs[c.owner]
+            st = j.step if contended else j.base
+            if st.speed <= 0:
+                out.append(0.0)
+                continue
+            res = c.res
+            if c.role is worker:
+                if res.gpu > 0 and j.pipe:  # its cores (its burst too) × the share its input pipeline keeps busy
+                    use = (res.cpu + burst.get(c.id, 0.0)) * min(1.0, st.t_pipe / (st.t_comp + st.t_net + st.t_ps))
+                    out.append(use * (st.speed / j.base.speed) if contended else use)
+                else:
+                    out.append(res.cpu * st.worker_busy)
+            else:
+                out.append(res.cpu * st.ps_busy)
+        return out
 
     def node_use(self, node: str, contended: bool = False) -> float:
-        """Cores the training containers on ``node`` keep busy (:meth:`container_use` summed;
+        """Cores the training containers on ``node`` keep busy (:meth:`container_uses` summed;
         remembered until a step, burst or container there changes)."""
         key = (node, contended)
         use = self._node_use.get(key)
         if use is None:
-            use = self._node_use[key] = sum(map(self.container_use, self.state.containers_on(node), repeat(contended)))
+            use = self._node_use[key] = sum(self.container_uses(self.state.containers_on(node), contended))
         return use
 
     def speed_share(self) -> tuple[float, int]:

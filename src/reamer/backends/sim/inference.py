@@ -315,7 +315,8 @@ class SimInference:
             used = self._used[n.name] = self.cluster.node_use(n.name, True) * self._noise()
             hist = self.use_hist[n.name]
             f = self._noise()
-            now_use = {c.id: self.cluster.container_use(c) * f for c in self.cluster.state.containers_on(n.name)}
+            cs = self.cluster.state.containers_on(n.name)
+            now_use = {c.id: use * f for c, use in zip(cs, self.cluster.container_uses(cs), strict=True)}
             hist.append(now_use)
             while len(hist) > max(1, int(round(sec.need_window_s / self.interval_s))):
                 hist.popleft()
