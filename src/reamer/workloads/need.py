@@ -36,6 +36,9 @@ from reamer.domain import TrainingJob
 from reamer.models.training import ModelProfile
 
 
+NORMALS_AHEAD = 64  # normals a job's stream draws at once (one per window)
+
+
 @dataclass(frozen=True, slots=True)
 class Ar1:
     """One job's log-normal AR(1): log standard deviation and window-to-window correlation."""
@@ -62,7 +65,8 @@ class NeedProcess:
     def __init__(self, seed: int, params: Ar1 | Sequence[Ar1]) -> None:
         self.seed = int(seed)
         self.params = params
-        self.state: dict[str, tuple[float, Ar1, np.random.Generator]] = {}  # job -> (log factor, process, stream)
+        # job -> (log factor, process, stream, its next normals, how many of them are used)
+        self.state: dict[str, tuple[float, Ar1, np.random.Generator, np.ndarray, int]] = {}
 
     def _stream(self, jid: str) -> np.random.Generator:
         key = int.from_bytes(hashlib.blake2b(jid.encode(), digest_size=8).digest(), "little")
@@ -70,7 +74,8 @@ class NeedProcess:
 
     def step(self, jobs: Iterable[str]) -> dict[str, float]:
         """The factors of ``jobs`` for the coming window; jobs not listed are forgotten. A new
-        job starts at a draw of its process's stationary law."""
+        job starts at a draw of its process's stationary law. A stream's normals are drawn
+        ``NORMALS_AHEAD`` at a time: the same numbers, in the same order, as one per draw."""
         out = {}
         state = {}
         for jid in jobs:
@@ -78,11 +83,15 @@ class NeedProcess:
             if prev is None:
                 rng = self._stream(jid)
                 p = self.params if isinstance(self.params, Ar1) else self.params[int(rng.integers(len(self.params)))]
-                e = float(rng.standard_normal()) * p.sd_log
+                xs, i = rng.standard_normal(NORMALS_AHEAD), 1
+                e = float(xs[0]) * p.sd_log
             else:
-                e, p, rng = prev
-                e = p.corr * e + float(rng.standard_normal()) * p.sd_log * math.sqrt(1.0 - p.corr * p.corr)
-            state[jid] = (e, p, rng)
+                e, p, rng, xs, i = prev
+                if i == len(xs):
+                    xs, i = rng.standard_normal(NORMALS_AHEAD), 0
+                e = p.corr * e + float(xs[i]) * p.sd_log * math.sqrt(1.0 - p.corr * p.corr)
+                i += 1
+            state[jid] = (e, p, rng, xs, i)
             out[jid] = math.exp(e - 0.5 * p.sd_log * p.sd_log)
         self.state = state
         return out

@@ -438,8 +438,9 @@ class SimInference:
         m = min(self.window(now), self.windows - 1)
         busy: dict[str, float] | None = None  # looked up where training is short of CPU
         per_node: dict[str, list[Replica]] = {}
-        for _, r in self.replicas.replicas():
-            per_node.setdefault(r.node, []).append(r)
+        for s in self.replicas.services.values():
+            for r in s.replicas.values():
+                per_node.setdefault(r.node, []).append(r)
         factors: dict[str, float] = {}
         slow: dict[str, float] = {}
         for n in self.train_nodes:

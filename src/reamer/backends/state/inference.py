@@ -178,8 +178,9 @@ class ReplicaState:
     def cores_on(self) -> dict[str, float]:
         """Inference cores (replica limits) per node that has replicas."""
         out: dict[str, float] = {}
-        for _, r in self.replicas():
-            out[r.node] = out.get(r.node, 0.0) + r.cores
+        for s in self.services.values():
+            for r in s.replicas.values():
+                out[r.node] = out.get(r.node, 0.0) + r.cores
         return out
 
     # ------------------------------------------------------------------ the policy's view
@@ -194,13 +195,11 @@ class ReplicaState:
         CPU limits) and ``used`` as the backend measured them, the limits, requests and
         memory of the training containers there, plus what this round's training decisions
         are about to take (CPU counted into need and limits; used once per :meth:`expect`)."""
-        cont = self.training.containers_on(node.name)
-        limits = sum(c.res.cpu for c in cont)
-        request = sum(self.training.requested_cpu(c) for c in cont)
+        limits, request, mem = self.training.node_totals(node.name)
         g = self._expected.pop(node.name, Growth())
         need = limits if need is None else need
         return NodeUsage(node.name, node.cores, reserve, need + g.cpu, request + g.request, now, training_used=used,
-                         mem_used_mib=sum(c.res.mem_mib for c in cont) + g.mem_mib, training_limit=limits + g.cpu)
+                         mem_used_mib=mem + g.mem_mib, training_limit=limits + g.cpu)
 
     def snapshot(self, now: float, usage: dict[str, NodeUsage], first_rates: dict[str, float]) -> HarvestSnapshot:
         """The harvesting policy's snapshot; ``first_rates`` is each service's rate forecast

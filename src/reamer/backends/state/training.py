@@ -161,6 +161,7 @@ class ClusterState:
         # reproducible across processes whatever the string-hash seed
         self.on_node: dict[str, dict[str, None]] = {n.name: {} for n in self.nodes}
         self._on: dict[str, tuple[Container, ...]] = {}  # containers_on, until a container of the node changes
+        self._totals: dict[str, tuple[tuple[Container, ...], tuple[float, float, float]]] = {}  # node_totals
         self.cpu_alloc = self.gpu_alloc = 0.0  # Σ allocated over all nodes
 
     # ------------------------------------------------------------------ events
@@ -244,7 +245,17 @@ class ClusterState:
 
     def cpu_limits(self, node: str) -> float:
         """Σ CPU limits of the training containers on ``node``."""
-        return sum(c.res.cpu for c in self.containers_on(node))
+        return self.node_totals(node)[0]
+
+    def node_totals(self, node: str) -> tuple[float, float, float]:
+        """(Σ CPU limits, Σ requested CPU (:meth:`requested_cpu`), Σ memory) of the training
+        containers on ``node``; kept while they are the same (:meth:`containers_on`)."""
+        on = self.containers_on(node)
+        got = self._totals.get(node)
+        if got is None or got[0] is not on:
+            got = self._totals[node] = (on, (sum(c.res.cpu for c in on), sum(self.requested_cpu(c) for c in on),
+                                             sum(c.res.mem_mib for c in on)))
+        return got[1]
 
     def requested_cpu(self, c: Container) -> float:
         """The CPU the job's user requested for a container of ``c``'s role (what a
