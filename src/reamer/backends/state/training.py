@@ -45,6 +45,8 @@ from reamer.domain import (
 from reamer.domain.decisions import InvalidDecision, Placement, check_start
 from reamer.domain.readings import ReadingTable
 
+_new_view = tuple.__new__  # a JobView from its fields in order, without the named tuple's keyword handling
+
 
 @dataclass
 class JobRecord:
@@ -70,9 +72,10 @@ class JobRecord:
         return sum(1 for c in self.containers.values() if c.role is role)
 
     def view(self, samples_done: float, progress_s: float) -> JobView:
-        """The job as a policy sees it, with the progress a backend measured."""
-        return JobView(self.spec, self.state, tuple(self.containers.values()), samples_done, progress_s,
-                       self.started_s, self.last_change_s, self.order)
+        """The job as a policy sees it, with the progress a backend measured (made as a tuple:
+        a backend makes one per running job and telemetry interval)."""
+        return _new_view(JobView, (self.spec, self.state, tuple(self.containers.values()), samples_done, progress_s,
+                                   self.started_s, self.last_change_s, self.order))
 
 
 @dataclass(frozen=True, slots=True)
