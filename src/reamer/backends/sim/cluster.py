@@ -390,6 +390,8 @@ class SimCluster:
         job's current step (before its first: its request's); as requested, the share at its
         request on full links, for as many containers of each role as it requested (spread
         over those it has, so that a job given a second PS adds flows but not requested ones)."""
+        if j.host and j.flows is NO_FLOWS:  # its traffic stays in its host, as it did
+            return
         flows = self._flows
         w_old, refs_old, old_nodes = j.flows
         for node, ref in refs_old:
