@@ -707,7 +707,7 @@ class SimCluster:
     def container_uses(self, containers: Iterable[Container], contended: bool = False) -> list[float]:
         """Cores each training container keeps busy on average (no noise), at its job's base
         step (what it needs) or, with ``contended``, at its current step (what it gets)."""
-        jobs, burst, worker, out = self.jobs, self.burst, Role.WORKER, []
+        jobs, worker, out = self.jobs, Role.WORKER, []
         for c in containers:
             j = jobs[c.owner]
             st = j.step if contended else j.base
@@ -716,8 +716,8 @@ class SimCluster:
                 continue
             res = c.res
             if c.role is worker:
-                if res.gpu > 0 and j.pipe:  # its cores (its burst too) × the share its input pipeline keeps busy
-                    use = (res.cpu + burst.get(c.id, 0.0)) * min(1.0, st.t_pipe / (st.t_comp + st.t_net + st.t_ps))
+                if res.gpu > 0 and j.pipe:  # its cores (its burst too) × the share its input pipeline is busy
+                    use = self._cores(c) * min(1.0, st.t_pipe / st.t)
                     out.append(use * (st.speed / j.base.speed) if contended else use)
                 else:
                     out.append(res.cpu * st.worker_busy)
