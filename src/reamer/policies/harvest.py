@@ -622,14 +622,23 @@ class Reamer(Harvester):
 
     # -------------------------------------------------------------- rebalance
     def _rebalance(self, r: _Round) -> None:
+        """Move pool replicas onto training nodes that take them. A replica no node took leaves
+        every replica at least as large (cores and memory) without one until the next move: the
+        filter only narrows as a replica grows, and nothing else changes in between."""
         moved = 0
+        failed: list[tuple[float, float]] = []  # (cores, memory) no training node took since the last move
         for s in r.snap.services:
             for p in r.live(s.id):
                 if moved >= self.cfg.max_rebalance_per_round:
                     return
                 if p.acted or p.id is None or not r.pool[p.node]:
                     continue
+                if any(p.cores >= c and p.mem >= m for c, m in failed):
+                    continue
                 to = self._place(r, s.id, p.cores, p.mem, "harvest")
-                if to is not None:
-                    self._migrate(r, p, to)
-                    moved += 1
+                if to is None:
+                    failed.append((p.cores, p.mem))
+                    continue
+                self._migrate(r, p, to)
+                moved += 1
+                failed.clear()
