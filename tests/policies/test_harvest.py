@@ -312,6 +312,18 @@ def test_pool_replicas_return_to_training_nodes_once_slack_is_stable():
     assert used_on(svcs, "g0") == 2.0
 
 
+def test_a_smaller_pool_replica_returns_after_a_larger_one_found_no_room():
+    pol = reamer(stable_s=0.0)
+    nodes = (gpu("g0"),) + POOL
+    big = ServiceState("a", "resnet50", RESNET_SLO, 1.0, (Replica("a-0", "p0", 4.0, 4, 0.0),), observed_p99_s=0.3)
+    small = ServiceState("b", "resnet50", RESNET_SLO, 1.0, (Replica("b-0", "p1", 2.0, 4, 0.0),), observed_p99_s=0.3)
+    usage = {"g0": use("g0", 24.0)}  # room for 2 cores, not 4
+    assert 2.0 <= slack(nodes[0], usage["g0"], 0.0, CFG) < 4.0
+    out = pol.decide(HarvestSnapshot(0.0, nodes, usage, (big, small)))
+    assert MigrateReplica("b-0", "g0") in out
+    assert not any(isinstance(d, MigrateReplica) and d.replica == "a-0" for d in out)
+
+
 # ------------------------------------------------------------------------------ hysteresis
 
 
