@@ -160,6 +160,7 @@ class _Rep:
     request: float
     acted: bool = False
     gone: bool = False
+    cap: float = -1.0  # its capacity (Harvester._cap) once asked, until it is resized
 
 
 class _Round:
@@ -350,6 +351,8 @@ class Harvester:
 
     # -------------------------------------------------------------- capacity
     def _cap(self, r: _Round, rep: _Rep) -> float:
+        if rep.cap >= 0:
+            return rep.cap
         s = r.services[rep.service]
         key = (s.model, s.slo_p99_s, self._cap_cores(rep), rep.max_batch, rep.max_wait_s)
         cap = self._caps.get(key)
@@ -358,6 +361,7 @@ class Harvester:
                 self._caps.clear()
             cap = self._caps[key] = replica_capacity(self.profile(s.model), key[2], rep.max_batch, rep.max_wait_s,
                                                      s.slo_p99_s, self.cfg)
+        rep.cap = cap
         return cap
 
     def _capsum(self, r: _Round, svc: str) -> float:
@@ -365,7 +369,7 @@ class Harvester:
         placed, moved, resized or removed."""
         total = r.capsums.get(svc)
         if total is None:
-            total = r.capsums[svc] = sum(self._cap(r, p) for p in r.live(svc))
+            total = r.capsums[svc] = sum(self._cap(r, p) for p in r.reps[svc] if not p.gone)
         return total
 
     def shapes(self, s: ServiceState) -> list[Shape]:
@@ -443,6 +447,7 @@ class Harvester:
         assert rep.id is not None
         before = self._footprint(rep)
         rep.cores = cores
+        rep.cap = -1.0
         r.used[rep.node] += self._footprint(rep) - before
         r.capsums.pop(rep.service, None)
         rep.acted = True
@@ -472,8 +477,13 @@ class Harvester:
                     capsum += placed[1]
                 continue
             # surplus: pool replicas first, then those on the most crowded nodes
-            order = sorted((p for p in reps if not p.acted and p.id is not None),
-                           key=lambda p: (not r.pool[p.node], r.budget[p.node] - r.used[p.node]))
+            order = [p for p in reps if not p.acted and p.id is not None]
+            if len(reps) <= hi and (len(reps) - 1 < lo or capsum - min((self._cap(r, p) for p in order),
+                                                                       default=math.inf) < need - EPS):
+                self._surplus_since.pop(s.id, None)  # not even the smallest can go
+                continue
+            pool, free = r.pool.tolist(), (r.budget - r.used).tolist()
+            order.sort(key=lambda p: (not pool[p.node], free[p.node]))
             drop, left, n = [], capsum, len(reps)
             for p in order:
                 c = self._cap(r, p)
