@@ -427,9 +427,11 @@ class SimCluster:
         return self.state.node_by_name[nodes.pop()].nic_gbps if len(nodes) == 1 else 0.0
 
     def _set_bw(self, nodes: Iterable[str]) -> None:
-        by_name, bw, column, index = self.state.node_by_name, self._node_bw, self._bw_column, self._node_index
+        by_name, bw, column, index, flows = (self.state.node_by_name, self._node_bw, self._bw_column,
+                                             self._node_index, self._flows)
         for node in nodes:
-            bw[node] = column[index[node]] = by_name[node].nic_gbps * self._factor(node)
+            now_, ref = flows[node]  # its _factor, inline: a call per node and flow change costs
+            bw[node] = column[index[node]] = by_name[node].nic_gbps * (max(1.0, ref) / max(1.0, now_))
 
     def _factor(self, node: str) -> float:
         """The node's flows as requested over its flows now (each counted at least 1)."""
@@ -631,8 +633,8 @@ class SimCluster:
             bw_w = bw_ps = j.host
         else:
             bw = self._node_bw
-            bw_w = min((bw[n] for n in w_nodes), default=math.inf)
-            bw_ps = min((bw[n] for n in ps_nodes), default=math.inf)
+            bw_w = min([bw[n] for n in w_nodes]) if w_nodes else math.inf
+            bw_ps = min([bw[n] for n in ps_nodes]) if ps_nodes else math.inf
         k = 1.0
         if self.contention:
             k = min((self.contention.get(n, 1.0) for n in (*w_nodes, *ps_nodes)), default=1.0)
