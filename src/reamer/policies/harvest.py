@@ -369,7 +369,7 @@ class Harvester:
         placed, moved, resized or removed."""
         total = r.capsums.get(svc)
         if total is None:
-            total = r.capsums[svc] = sum(self._cap(r, p) for p in r.reps[svc] if not p.gone)
+            total = r.capsums[svc] = sum(self._cap(r, p) for p in r.live(svc))
         return total
 
     def shapes(self, s: ServiceState) -> list[Shape]:
