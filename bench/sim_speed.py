@@ -9,7 +9,10 @@ like the Alibaba PAI 2020 simulator's trace: groups of 1,000 every 60 s), on two
 ``pai6500`` (the workload's own 6,500 GPUs in 8-GPU nodes) and ``openb`` (the 1,523 nodes
 of the openb node list). Each run is a fresh process (so its peak RSS is its own); wall time
 is the ``simulate`` call, job list reading included. ``--limit-s`` stops a run that takes
-longer: it is reported with ``timed_out`` and left out of the exponent.
+longer: it is reported with ``timed_out`` and left out of the exponent. ``--nic-gbps`` sets
+both clusters' NIC (default: the workload's 10 GbE); ``--nic-gbps 100000`` takes NIC sharing
+out of the model (a job's speed then depends only on its own containers, as in the peer
+simulator), so the runs show the simulator's cost without the re-timing it causes.
 
 Runs: params ``jobs``, ``cluster``; metrics ``wall_s``, ``events_per_s``, ``jobs_per_s``,
 ``peak_rss_mib``, ``events``, ``rounds``, ``timed_out``. Ratios: ``growth_exponent_<policy>``
@@ -45,15 +48,22 @@ POLICIES = ("static", "nearchus", "optimus")
 SIZES = (2000, 5000, 10000, 20000)
 
 
-def scenario_text(jobs_csv: Path, cluster: str) -> str:
+def scenario_text(jobs_csv: Path, cluster: str, nic_gbps: float | None = None) -> str:
+    """The scenario of ``cluster`` replaying ``jobs_csv``; ``nic_gbps``: its NIC (None: 10 GbE)."""
     if cluster == "pai6500":
         head = (PAI / "scenario.yaml").read_text().split("workload:")[0]
-        return head + f"workload: {{kind: joblist, path: {jobs_csv}}}\n"
-    return (f"name: pai-synthetic-on-openb\nseed: 1\ncluster: {{node_list: {OPENB_NODES}, nic_gbps: 10}}\n"
-            f"workload: {{kind: joblist, path: {jobs_csv}}}\n")
+        text = head + f"workload: {{kind: joblist, path: {jobs_csv}}}\n"
+    else:
+        text = (f"name: pai-synthetic-on-openb\nseed: 1\ncluster: {{node_list: {OPENB_NODES}, nic_gbps: 10}}\n"
+                f"workload: {{kind: joblist, path: {jobs_csv}}}\n")
+    if nic_gbps is None:
+        return text
+    if text.count("nic_gbps: 10") != 1:
+        raise ValueError(f"{PAI / 'scenario.yaml'}: expected one 'nic_gbps: 10' in its cluster")
+    return text.replace("nic_gbps: 10", f"nic_gbps: {nic_gbps:g}")
 
 
-def one(jobs: int, cluster: str, policy: str) -> dict:
+def one(jobs: int, cluster: str, policy: str, nic_gbps: float | None = None) -> dict:
     """Run one simulation in this process and return its metrics."""
     from reamer.config.scenario import load_scenario
     from reamer.runtime import simulate
@@ -63,7 +73,7 @@ def one(jobs: int, cluster: str, policy: str) -> dict:
         path = Path(tmp) / "jobs.csv"
         path.write_text("\n".join(rows) + "\n")
         sc_path = Path(tmp) / "scenario.yaml"
-        sc_path.write_text(scenario_text(path, cluster))
+        sc_path.write_text(scenario_text(path, cluster, nic_gbps))
         sc = load_scenario(sc_path)
         t0 = time.perf_counter()
         res = simulate(sc, policy)
@@ -90,8 +100,12 @@ def main() -> int:
     ap.add_argument("--clusters", nargs="+", choices=CLUSTERS, default=list(CLUSTERS))
     ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     ap.add_argument("--limit-s", type=float, default=600.0, help="stop a run after this many seconds")
+    ap.add_argument("--nic-gbps", type=float, help="both clusters' NIC (default: 10 GbE; 100000: no NIC sharing)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child run: JSON on stdout
     args = ap.parse_args()
+    if args.nic_gbps is not None and not args.nic_gbps > 0:
+        print(f"bench/sim_speed.py: --nic-gbps: expected a positive number, got {args.nic_gbps:g}", file=sys.stderr)
+        return 2
     if not (PAI / "jobs.csv").is_file():
         print(f"bench/sim_speed.py: {PAI / 'jobs.csv'}: expected the pai_synthetic workload (../shared/data)",
               file=sys.stderr)
@@ -100,7 +114,7 @@ def main() -> int:
         print(f"bench/sim_speed.py: {OPENB_NODES}: expected the openb node list (../shared/data)", file=sys.stderr)
         return 2
     if args.one:
-        print(json.dumps(one(args.jobs[0], args.clusters[0], args.policies[0])))
+        print(json.dumps(one(args.jobs[0], args.clusters[0], args.policies[0], args.nic_gbps)))
         return 0
     runs, table = [], []
     todo = [(p, c, n) for p in args.policies for c in args.clusters for n in sorted(args.jobs)]
@@ -109,6 +123,8 @@ def main() -> int:
         for policy, cluster, n in todo:
             bar.update(task, description=f"{policy} on {cluster}, {n:,} jobs")
             cmd = [sys.executable, __file__, "--one", "--jobs", str(n), "--clusters", cluster, "--policies", policy]
+            if args.nic_gbps is not None:
+                cmd += ["--nic-gbps", repr(args.nic_gbps)]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.limit_s, check=True)
                 m = json.loads(out.stdout.strip().splitlines()[-1])
@@ -117,7 +133,8 @@ def main() -> int:
             except subprocess.CalledProcessError as e:
                 print(f"bench/sim_speed.py: {policy} on {cluster} with {n} jobs failed:\n{e.stderr}", file=sys.stderr)
                 return 1
-            runs.append(run_entry(f"pai_synthetic-{n}", 1, policy, m, {"jobs": n, "cluster": cluster}))
+            params = {"jobs": n, "cluster": cluster} | ({} if args.nic_gbps is None else {"nic_gbps": args.nic_gbps})
+            runs.append(run_entry(f"pai_synthetic-{n}", 1, policy, m, params))
             table.append((policy, cluster, n, m))
             bar.advance(task)
     ratios = {}

@@ -48,3 +48,26 @@ def test_missing_workload_is_one_line_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, str(fake / "sim_speed.py")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "pai_synthetic" in r.stderr and "expected" in r.stderr
+
+
+def test_nic_gbps_takes_nic_sharing_out(shared_data, tmp_path):
+    """With the NIC made effectively infinite no job re-times its neighbours: NEARCHUS's
+    reshapes make fewer events than at the workload's 10 GbE, and the runs say which NIC."""
+    if not (shared_data / "pai_synthetic" / "jobs.csv").is_file():
+        pytest.skip("the pai_synthetic workload is not in ../shared/data")
+    events = {}
+    for nic in (None, 100000):
+        out = tmp_path / f"speed-{nic}.json"
+        cmd = [sys.executable, str(BENCH), "--jobs", "600", "--policies", "nearchus", "--clusters", "pai6500",
+               "--json", str(out)] + ([] if nic is None else ["--nic-gbps", str(nic)])
+        subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+        (run,) = json.loads(out.read_text())["runs"]
+        assert run["params"] == {"jobs": 600, "cluster": "pai6500"} | ({} if nic is None else {"nic_gbps": nic})
+        events[nic] = run["metrics"]["events"]
+    assert events[100000] < events[None]
+
+
+def test_bad_nic_gbps_is_one_line_and_exit_2():
+    r = subprocess.run([sys.executable, str(BENCH), "--nic-gbps", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "--nic-gbps" in r.stderr and "expected" in r.stderr
