@@ -192,11 +192,12 @@ class Nearchus:
         table = readings_of(snap) if snap.telemetry else None
         if table is not None:
             self._nic_from = (table, free)  # summed when first needed: most rounds place nothing
-        # A round without telemetry, queue, a job owed its request or an addition to confirm
-        # has nothing to do per running job: it skips them (the same decisions, in time
-        # bounded by what is due rather than by the running jobs).
-        running: dict[str, JobView] = {}
-        if snap.telemetry or snap.queue or self._adding:
+        # A round without telemetry or an addition to confirm has nothing to do per running
+        # job unless the head of the queue needs room taken back (:meth:`_reclaim` syncs then):
+        # it skips them (the same decisions, in time bounded by what is due rather than by the
+        # running jobs).
+        running: dict[str, JobView] | None = None
+        if snap.telemetry or self._adding:
             running = {j.spec.id: j for j in snap.running}
             self._sync(snap, running, table)
         if self.cfg.restore and not snap.queue and any(st.owed for st in self.jobs.values()):
@@ -551,9 +552,10 @@ class Nearchus:
             st.owed = short
         return out
 
-    def _reclaim(self, snap: ClusterSnapshot, running: dict[str, JobView], free: FreeMap) -> list[Decision]:
+    def _reclaim(self, snap: ClusterSnapshot, running: dict[str, JobView] | None, free: FreeMap) -> list[Decision]:
         """Free room for the head of the queue (its smallest shape: 1 PS + 1 worker) on the
-        node that needs the least taken back, revoking increments there, least gain per core first."""
+        node that needs the least taken back, revoking increments there, least gain per core first.
+        ``running``: the running jobs by id, once synced (None: not yet this round)."""
         head = snap.queue[0].spec
         need = [(Role.PS, head.ps_res), (Role.WORKER, head.worker_res)]
         trial = free.place_gang(need, self.cfg.placement, gpu_fit=self.cfg.gpu_fit, one_node=head.one_node)
@@ -561,6 +563,9 @@ class Nearchus:
             for p in trial:
                 free.release(p)
             return []
+        if running is None:
+            running = {j.spec.id: j for j in snap.running}
+            self._sync(snap, running, None)
         want = np.array((head.worker_res.cpu + head.ps_res.cpu, head.worker_res.mem_mib + head.ps_res.mem_mib,
                          head.worker_res.gpu))
         if want[2] > 0 and not (free.free[:, 2] >= want[2] - 1e-9).any():
