@@ -107,6 +107,15 @@ class TableReadings(Mapping[str, ContainerTelemetry]):
             self._d = {cid: ContainerTelemetry(*row) for cid, row, k in zip(t.ids[s:e], zip(*cols), keep) if k}
         return self._d
 
+    def column(self, name: str) -> dict[str, float]:
+        """One reading (a ``READINGS`` name) of each measured container, by id, read from the
+        table's column (no named tuple per container)."""
+        if self._d is not None:
+            return {cid: getattr(c, name) for cid, c in self._d.items()}
+        t = self._table
+        s, e = int(t.start[self._i]), int(t.start[self._i + 1])
+        return {cid: v for cid, v, k in zip(t.ids[s:e], getattr(t, name)[s:e].tolist(), t.measured[s:e].tolist()) if k}
+
     def __getitem__(self, cid: str) -> ContainerTelemetry:
         return self._built()[cid]
 
@@ -162,6 +171,14 @@ class TableTelemetry(Mapping[str, JobTelemetry]):
 
     def __len__(self) -> int:
         return len(self.table.jobs)
+
+
+def reading_by_container(containers: Mapping[str, ContainerTelemetry], name: str) -> dict[str, float]:
+    """``{id: reading.<name>}`` of a job's container readings; from the table's column where
+    they are a table's (:meth:`TableReadings.column`)."""
+    if isinstance(containers, TableReadings):
+        return containers.column(name)
+    return {cid: getattr(c, name) for cid, c in containers.items()}
 
 
 def readings_of(snap: ClusterSnapshot) -> ReadingTable:

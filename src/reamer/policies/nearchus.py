@@ -51,7 +51,7 @@ from reamer.domain import (
     StartJob,
     TrainingJob,
 )
-from reamer.domain.readings import INFERENCE, PS, WORKER, ReadingTable, readings_of
+from reamer.domain.readings import INFERENCE, PS, WORKER, ReadingTable, reading_by_container, readings_of
 from reamer.policies.diagnosis import BOTTLENECKS, DEFAULT_THRESHOLDS, Diagnoses, Diagnosis, Thresholds, diagnose_table
 from reamer.policies.placement import FreeMap, Strategy
 from reamer.policies.queue import RequestGroups
@@ -489,7 +489,8 @@ class Nearchus:
         the job's PS traffic (p/(p+1) of one shard's), a new worker what a worker carries now."""
         if tel is None:
             return 0.0
-        mine = [tel.containers[c.id].net_gbps for c in job.of_role(role) if c.id in tel.containers]
+        net = reading_by_container(tel.containers, "net_gbps")
+        mine = [net[c.id] for c in job.of_role(role) if c.id in net]
         if not mine:
             return 0.0
         per = sum(mine) / len(mine)

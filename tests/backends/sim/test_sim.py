@@ -17,7 +17,7 @@ from reamer.domain import (
     TrainingJob,
 )
 from reamer.domain.decisions import InvalidDecision, Placement
-from reamer.domain.readings import ReadingTable, readings_of
+from reamer.domain.readings import READINGS, ReadingTable, reading_by_container, readings_of
 from reamer.models.profiles import shipped_profiles
 from reamer.policies.nearchus import Nearchus
 from reamer.runtime import simulate
@@ -291,6 +291,11 @@ def test_the_readings_table_is_the_one_its_per_job_telemetry_gives():
                 for f in fields(ReadingTable):
                     a, b = getattr(got, f.name), getattr(want, f.name)
                     assert (a == b) if isinstance(a, tuple) else np.array_equal(a, b), f.name
+                for tel in snap.telemetry.values():  # one reading by container, from the column or the mapping
+                    cols = {f: reading_by_container(tel.containers, f) for f in READINGS}
+                    for f in READINGS:
+                        assert cols[f] == {cid: getattr(c, f) for cid, c in tel.containers.items()}, f
+                        assert reading_by_container(tel.containers, f) == cols[f]
                 checked.append(len(got.jobs))
             return super().decide(snap)
 
