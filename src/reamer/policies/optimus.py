@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reamer.domain import (
     AddContainer,
     ClusterSnapshot,
+    Container,
     Decision,
     JobView,
     RemoveContainer,
@@ -70,6 +71,7 @@ class _Job:
     theta: tuple[float, ...] | None = None
     speeds: dict[tuple[int, int], float] = field(default_factory=dict)  # _speed's memo (this theta)
     chains: dict[tuple[float, float], _Chain] = field(default_factory=dict)  # _chain's memo (this theta)
+    seen: tuple[Container, ...] | None = None  # the containers ``config`` was counted from
 
 
 @dataclass(frozen=True)
@@ -95,10 +97,13 @@ class Optimus:
 
     # ------------------------------------------------------------- the model
     def _observe(self, job: JobView, st: _Job, snap: ClusterSnapshot) -> None:
-        p, w = len(job.of_role(Role.PS)), len(job.of_role(Role.WORKER))
-        if (p, w) != st.config:
-            st.config, st.since = (p, w), snap.now
-            return
+        if job.containers != st.seen:  # (the same containers: the same count, compared item by item)
+            st.seen = job.containers
+            p, w = len(job.of_role(Role.PS)), len(job.of_role(Role.WORKER))
+            if (p, w) != st.config:
+                st.config, st.since = (p, w), snap.now
+                return
+        p, w = st.config
         tel = snap.telemetry.get(job.id)
         if tel is not None and tel.since_s >= st.since - 1e-9 and tel.speed > 0:
             pts = st.points.get((p, w))
