@@ -15,11 +15,13 @@ out of the model (a job's speed then depends only on its own containers, as in t
 simulator), so the runs show the simulator's cost without the re-timing it causes.
 
 Runs: params ``jobs``, ``cluster``; metrics ``wall_s``, ``events_per_s``, ``jobs_per_s``,
-``peak_rss_mib``, ``events``, ``rounds``, ``timed_out``. Ratios: ``growth_exponent_<policy>``
-(least-squares slope of log wall time against log jobs over every finished run of the
-policy, both clusters) and ``growth_exponent_<policy>_<cluster>``; the same slopes of log
-events, ``events_growth_exponent_<policy>[_<cluster>]``: the wall-time exponent a simulator
-whose cost per event does not grow would show.
+``peak_rss_mib``, ``events``, ``rounds``, ``retimings``, ``job_intervals``, ``timed_out``.
+Ratios: ``growth_exponent_<policy>`` (least-squares slope of log wall time against log jobs
+over every finished run of the policy, both clusters) and ``growth_exponent_<policy>_<cluster>``;
+the same slopes of log events, ``events_growth_exponent_<policy>[_<cluster>]`` (the wall-time
+exponent a simulator whose cost per event does not grow would show), and of the model's work:
+``retimings_growth_exponent_…`` (re-timings that changed a job's step) and
+``job_intervals_growth_exponent_…`` (running jobs measured, summed over telemetry rounds).
 """
 
 from __future__ import annotations
@@ -81,12 +83,15 @@ def one(jobs: int, cluster: str, policy: str, nic_gbps: float | None = None) -> 
     m = res.metrics
     return {"wall_s": wall, "events_per_s": m["events"] / wall, "jobs_per_s": m["jobs"] / wall,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-            "events": m["events"], "rounds": m["rounds"], "jobs_done": m["jobs"], "unfinished": res.unfinished,
+            "events": m["events"], "rounds": m["rounds"], "retimings": m["retimings"], "job_intervals": m["job_intervals"],
+            "jobs_done": m["jobs"], "unfinished": res.unfinished,
             "timed_out": 0}
 
 
 def exponent(points: list[tuple[int, float]]) -> float:
-    if len({j for j, _ in points}) < 2:
+    """Least-squares slope of log value against log jobs (nan: fewer than two sizes, or a
+    count of zero, e.g. no telemetry rounds under ``static``)."""
+    if len({j for j, _ in points}) < 2 or any(w <= 0 for _, w in points):
         return math.nan
     x = np.log([j for j, _ in points])
     y = np.log([w for _, w in points])
@@ -143,8 +148,12 @@ def main() -> int:
             done = [r for r in runs if r["policy"] == policy and not r["metrics"]["timed_out"]
                     and cluster in (None, r["params"]["cluster"])]
             suffix = f"{policy}_{cluster}" if cluster else policy
-            for metric, prefix in (("wall_s", "growth_exponent"), ("events", "events_growth_exponent")):
-                ratios[f"{prefix}_{suffix}"] = exponent([(r["params"]["jobs"], r["metrics"][metric]) for r in done])
+            for metric, prefix in (("wall_s", "growth_exponent"), ("events", "events_growth_exponent"),
+                                   ("retimings", "retimings_growth_exponent"),
+                                   ("job_intervals", "job_intervals_growth_exponent")):
+                x = exponent([(r["params"]["jobs"], r["metrics"][metric]) for r in done])
+                if math.isfinite(x):  # (left out where it has no meaning)
+                    ratios[f"{prefix}_{suffix}"] = x
     t = Table(title="Simulator throughput (pai_synthetic jobs)")
     for col in ("policy", "cluster", "jobs", "wall (s)", "events/s", "jobs/s", "peak RSS (MiB)"):
         t.add_column(col, justify="left" if col in ("policy", "cluster") else "right")

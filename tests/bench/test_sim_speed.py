@@ -30,12 +30,17 @@ def test_small_runs_give_the_documented_keys(shared_data, tmp_path):
         assert m["wall_s"] > 0 and m["peak_rss_mib"] > 0
         assert m["jobs_per_s"] == pytest.approx(jobs / m["wall_s"])
         assert m["events_per_s"] == pytest.approx(m["events"] / m["wall_s"])
+        # under static a job runs as requested: its start re-times it alone (its neighbours'
+        # NIC shares stay as recorded), and no round measures anything
+        assert m["retimings"] == jobs and m["job_intervals"] == 0
     (a, b) = (r["metrics"]["wall_s"] for r in doc["runs"])
     slope = math.log(b / a) / math.log(4)
     assert doc["ratios"]["growth_exponent_static"] == pytest.approx(slope)
     assert doc["ratios"]["growth_exponent_static_pai6500"] == pytest.approx(slope)
     # static makes two events per job (arrival, completion): its events grow linearly
     assert doc["ratios"]["events_growth_exponent_static"] == pytest.approx(1.0)
+    assert doc["ratios"]["retimings_growth_exponent_static"] == pytest.approx(1.0)
+    assert "job_intervals_growth_exponent_static" not in doc["ratios"]  # no telemetry: no slope
 
 
 def test_missing_workload_is_one_line_and_exit_2(tmp_path):

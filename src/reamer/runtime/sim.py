@@ -278,4 +278,6 @@ def _metrics(records: list[JobRecord], c: SimCluster, events: int, rounds: int, 
         "reconfigurations": float(sum(r.reconfigs for r in records)),
         "events": events,
         "rounds": rounds,
+        "retimings": c.retimings,
+        "job_intervals": c.job_intervals,
     }

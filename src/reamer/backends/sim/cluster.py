@@ -241,6 +241,10 @@ class SimCluster:
         self._stale: set[str] = set()
         # (node, contended) -> node_use, until a step, burst or container there changes
         self._node_use: dict[tuple[str, bool], float] = {}
+        # the model's work so far: re-timings that changed a running job's step; running jobs
+        # measured, summed over telemetry rounds
+        self.retimings = 0
+        self.job_intervals = 0
 
     # ------------------------------------------------------------------ events
     def arrive(self, spec: TrainingJob, now: float) -> None:
@@ -302,6 +306,7 @@ class SimCluster:
                 progress.append((j.done - j.tel_done, now - since, since, n))
                 n += 1 + NOISES_PER_CONTAINER * len(c.ids)
                 j.tel_since, j.tel_done = now, j.done
+        self.job_intervals += len(ids)
         noise = self._factors(n)
         cols4 = np.fromiter(chain.from_iterable(progress), float, 4 * len(progress))
         done, dt, since_s, k = cols4.reshape(4, -1, order="F")  # (per job: progress, interval, since, noise index)
@@ -602,6 +607,7 @@ class SimCluster:
                 self._account(j, new)
             return False
         self._account(j, new)
+        self.retimings += 1
         spec = j.rec.spec
         if spec.duration_s is not None:
             return True  # it ends at its first start + duration whatever its speed: the event of its launch stands
