@@ -69,7 +69,6 @@ class _Job:
     since: float = 0.0
     points: dict[tuple[int, int], _Series] = field(default_factory=dict)
     theta: tuple[float, ...] | None = None
-    speeds: dict[tuple[int, int], float] = field(default_factory=dict)  # _speed's memo (this theta)
     chains: dict[tuple[float, float], _Chain] = field(default_factory=dict)  # _chain's memo (this theta)
     seen: tuple[Container, ...] | None = None  # the containers ``config`` was counted from
 
@@ -110,7 +109,6 @@ class Optimus:
             if pts is None:
                 pts = st.points[(p, w)] = _Series()
             pts.append(tel.speed)
-            st.speeds.clear()
             st.chains.clear()
             if len(st.points) >= self.cfg.min_points:
                 st.theta = self._fit(st.points, job.spec.batch)
@@ -125,20 +123,6 @@ class Optimus:
         theta, _ = nnls(np.array(a), np.array(y))
         return tuple(theta.tolist())
 
-    def _speed(self, st: _Job, spec: TrainingJob, p: int, w: int) -> float:
-        if p < 1 or w < 1:
-            return 0.0
-        v = st.speeds.get((p, w))
-        if v is None:
-            if st.theta is None:
-                v = pts.mean if (pts := st.points.get((p, w))) is not None else 0.0
-            else:
-                t0, t1, t2, t3, t4 = st.theta
-                t = t0 * spec.batch + t1 + t2 * (w / p) + t3 * w + t4 * p  # θ · _features, term by term
-                v = w * spec.batch / t if t > 0 else 0.0
-            st.speeds[(p, w)] = v
-        return v
-
     def _chain(self, st: _Job, spec: TrainingJob, share_ps: float, share_w: float) -> _Chain:
         """The tasks the greedy would give the job from 1 PS + 1 worker, one at a time: at
         each step the one (a PS or a worker) whose gain per unit of remaining work, per unit
@@ -148,16 +132,25 @@ class Optimus:
         chain = st.chains.get(key)
         if chain is not None:
             return chain
-        speed = self._speed
+        # the model's time per sample at every (PS, workers) up to its maxima, in one array
+        # program: inv[p - 1][w - 1]
+        t0, t1, t2, t3, t4 = st.theta
+        ps = np.arange(1, max(1, spec.max_ps) + 1)[:, None]
+        ws = np.arange(1, max(1, spec.max_workers) + 1)[None, :]
+        t = t0 * spec.batch + t1 + t2 * (ws / ps) + t3 * ws + t4 * ps
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(t > 0, ws * spec.batch / t, 0.0)
+        inv = (1.0 / np.maximum(v, 1e-12)).tolist()
         p, w = 1, 1
         steps: list[tuple[float, Role]] = []
         while True:
-            now_t = 1.0 / max(speed(st, spec, p, w), 1e-12)
+            row = inv[p - 1]
+            now_t = row[w - 1]
             out = None
             if p + 1 <= spec.max_ps:  # its maxima: spec.max_ps PS, spec.max_workers workers
-                out = ((now_t - 1.0 / max(speed(st, spec, p + 1, w), 1e-12)) / share_ps, Role.PS)
+                out = ((now_t - inv[p][w - 1]) / share_ps, Role.PS)
             if w + 1 <= spec.max_workers:
-                gain = (now_t - 1.0 / max(speed(st, spec, p, w + 1), 1e-12)) / share_w
+                gain = (now_t - row[w]) / share_w
                 if out is None or gain > out[0]:
                     out = (gain, Role.WORKER)
             if out is None or out[0] <= 0:
