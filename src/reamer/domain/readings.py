@@ -110,8 +110,6 @@ class TableReadings(Mapping[str, ContainerTelemetry]):
     def column(self, name: str) -> dict[str, float]:
         """One reading (a ``READINGS`` name) of each measured container, by id, read from the
         table's column (no named tuple per container)."""
-        if self._d is not None:
-            return {cid: getattr(c, name) for cid, c in self._d.items()}
         t = self._table
         s, e = int(t.start[self._i]), int(t.start[self._i + 1])
         return {cid: v for cid, v, k in zip(t.ids[s:e], getattr(t, name)[s:e].tolist(), t.measured[s:e].tolist()) if k}

@@ -198,8 +198,7 @@ class Nearchus:
         # running jobs).
         running: dict[str, JobView] | None = None
         if snap.telemetry or self._adding:
-            running = {j.spec.id: j for j in snap.running}
-            self._sync(snap, running, table)
+            running = self._sync(snap, table)
         if self.cfg.restore and not snap.queue and any(st.owed for st in self.jobs.values()):
             out += self._restore(snap, free)
         if self.cfg.reclaim and snap.queue:
@@ -246,9 +245,11 @@ class Nearchus:
         return (grows | (trim_ps & (np.bincount(t.job[shrinks & ps], minlength=n) > 0))
                 | (trim & (np.bincount(t.job[shrinks & worker], minlength=n) > 0)))
 
-    def _sync(self, snap: ClusterSnapshot, running: dict[str, JobView], table: ReadingTable | None) -> None:
+    def _sync(self, snap: ClusterSnapshot, table: ReadingTable | None) -> dict[str, JobView]:
         """Forget jobs no longer running, take in running ones it does not know, confirm the
-        containers its additions created and keep each job's measured speed."""
+        containers its additions created and keep each job's measured speed. Returns the
+        running jobs by id."""
+        running = {j.spec.id: j for j in snap.running}
         jobs = self.jobs
         for jid in jobs.keys() - running.keys():
             del jobs[jid]
@@ -266,6 +267,7 @@ class Nearchus:
                 if st is not None and since >= st.last_change - 1e-9:
                     st.samples.append(speed)
         self._adding = {jid for jid in self._adding if (st := jobs.get(jid)) is not None and _unconfirmed(st)}
+        return running
 
     # --------------------------------------------------------------- per job
     def _stable_speed(self, st: _Job) -> float | None:
@@ -565,8 +567,7 @@ class Nearchus:
                 free.release(p)
             return []
         if running is None:
-            running = {j.spec.id: j for j in snap.running}
-            self._sync(snap, running, None)
+            running = self._sync(snap, None)
         want = np.array((head.worker_res.cpu + head.ps_res.cpu, head.worker_res.mem_mib + head.ps_res.mem_mib,
                          head.worker_res.gpu))
         if want[2] > 0 and not (free.free[:, 2] >= want[2] - 1e-9).any():
