@@ -41,25 +41,30 @@ class Static:
         self.cfg = config or StaticConfig()
         self._free: FreeMap | None = None
         self._queue = RequestGroups(shape_of)
+        # a request's (cores, MiB, GPUs) summed over its containers, and its containers, by shape_of
+        self._requests: dict[tuple, tuple[tuple[float, float, float], list[tuple[Role, object]]]] = {}
 
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
         if not snap.queue:
             return []
         free = self._free = FreeMap(snap, self._free)
-        left = [float(x) for x in free.free.sum(axis=0)]  # Σ free: a request above it cannot fit
+        cpu, mem, gpu = (float(x) for x in free.free.sum(axis=0))  # Σ free: a request above it cannot fit
         out: list[Decision] = []
-        groups = self._queue
+        groups, requests = self._queue, self._requests
         for key, job in groups.scan(snap.queue, snap.nodes):
-            req = job.spec.request
-            total = (req.cpu, req.mem_mib, req.gpu)  # summed over its containers
+            got = requests.get(key)
+            if got is None:
+                req = job.spec.request
+                got = requests[key] = ((req.cpu, req.mem_mib, req.gpu), request_of(job.spec))
+            (c, m, g), wants = got
             placed = None
-            if all(need <= have * (1 + 1e-9) + 1e-6 for need, have in zip(total, left, strict=True)):
-                placed = free.place_gang(request_of(job.spec), self.cfg.placement, one_node=job.spec.one_node)
+            if c <= cpu * (1 + 1e-9) + 1e-6 and m <= mem * (1 + 1e-9) + 1e-6 and g <= gpu * (1 + 1e-9) + 1e-6:
+                placed = free.place_gang(wants, self.cfg.placement, one_node=job.spec.one_node)
             if placed is None:  # this request does not fit now, nor will it later this round
                 groups.miss(key)
                 if not self.cfg.backfill:
                     break
                 continue
             out.append(StartJob(job.id, placed))
-            left = [have - need for have, need in zip(left, total, strict=True)]
+            cpu, mem, gpu = cpu - c, mem - m, gpu - g
         return out
