@@ -18,7 +18,9 @@ Strategy = Literal["spread", "pack"]
 
 
 class FreeMap:
-    """Free capacity per node as arrays; ``place`` reserves tentatively, ``release`` undoes."""
+    """Free capacity per node as arrays; ``place`` reserves tentatively, ``release`` undoes.
+    ``free`` (nodes × (cores, MiB, GPUs)) is stored column by column (Fortran order): a
+    placement reads whole columns, which are then contiguous."""
 
     def __init__(self, snap: ClusterSnapshot, prev: FreeMap | None = None) -> None:
         """``prev``: the caller's FreeMap of an earlier round; its node arrays are reused
@@ -31,17 +33,23 @@ class FreeMap:
             self.names = [n.name for n in snap.nodes]
             self.index = {n: i for i, n in enumerate(self.names)}
             self.cap = np.array([(n.cores, n.mem_mib, n.gpus) for n in snap.nodes], dtype=float)
-            self._norm = 1.0 / np.maximum(self.cap, 1e-9)
+            self._norm = np.asfortranarray(1.0 / np.maximum(self.cap, 1e-9))
         self._unfit: list[tuple[float, float, float]] = []  # requests no node could take (place_one)
         if snap.free_rows is not None:
-            self.free = snap.free_rows.copy()
+            self.free = np.array(snap.free_rows, order="F")
         else:
             free = snap.free
             self.free = np.fromiter((x for n in self.names for f in (free[n],) for x in (f.cpu, f.mem_mib, f.gpu)),
-                                    dtype=float, count=3 * len(self.names)).reshape(-1, 3)
+                                    dtype=float, count=3 * len(self.names)).reshape(-1, 3).copy(order="F")
+
+    def sums(self) -> np.ndarray:
+        """Σ free (cores, MiB, GPUs), added node after node (a running sum: numpy's pairwise sum
+        of a contiguous column would round differently)."""
+        f = self.free
+        return f.cumsum(axis=0)[-1] if len(f) else np.zeros(3)
 
     def total_free(self) -> Resources:
-        cpu, mem, gpu = self.free.sum(axis=0)
+        cpu, mem, gpu = self.sums()
         return Resources(float(cpu), float(mem), float(gpu))
 
     def fits(self, res: Resources) -> np.ndarray:

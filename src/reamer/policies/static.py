@@ -48,7 +48,7 @@ class Static:
         if not snap.queue:
             return []
         free = self._free = FreeMap(snap, self._free)
-        cpu, mem, gpu = (float(x) for x in free.free.sum(axis=0))  # Σ free: a request above it cannot fit
+        cpu, mem, gpu = (float(x) for x in free.sums())  # Σ free: a request above it cannot fit
         out: list[Decision] = []
         groups, requests = self._queue, self._requests
         for key, job in groups.scan(snap.queue, snap.nodes):
