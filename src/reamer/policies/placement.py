@@ -17,6 +17,12 @@ from reamer.domain.decisions import Placement
 Strategy = Literal["spread", "pack"]
 
 
+def gang_order(wants: Sequence[tuple[Role, Resources]]) -> list[tuple[Role, Resources]]:
+    """The order :meth:`FreeMap.place_gang` places containers in: largest first (GPUs, then
+    cores, then memory)."""
+    return sorted(wants, key=lambda rw: (rw[1].gpu, rw[1].cpu, rw[1].mem_mib), reverse=True)
+
+
 class FreeMap:
     """Free capacity per node as arrays; ``place`` reserves tentatively, ``release`` undoes.
     ``free`` (nodes × (cores, MiB, GPUs)) is stored column by column (Fortran order): a
@@ -114,10 +120,11 @@ class FreeMap:
 
     def place_gang(self, wants: Sequence[tuple[Role, Resources]], strategy: Strategy = "pack",
                    allowed: np.ndarray | None = None, gpu_fit: bool = False,
-                   one_node: bool = False) -> tuple[Placement, ...] | None:
+                   one_node: bool = False, ordered: bool = False) -> tuple[Placement, ...] | None:
         """Place all containers or none (largest first, so big ones are not starved);
-        ``one_node``: all on one node that fits them together (a job that is one pod)."""
-        order = sorted(wants, key=lambda rw: (rw[1].gpu, rw[1].cpu, rw[1].mem_mib), reverse=True)
+        ``one_node``: all on one node that fits them together (a job that is one pod);
+        ``ordered``: ``wants`` is already in :func:`gang_order`."""
+        order = wants if ordered else gang_order(wants)
         if one_node:
             total = sum((r for _, r in wants), Resources())
             allowed = self.fits(total) if allowed is None else self.fits(total) & allowed

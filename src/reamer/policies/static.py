@@ -13,7 +13,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from reamer.domain import ClusterSnapshot, Decision, Role, StartJob, TrainingJob
-from reamer.policies.placement import FreeMap, Strategy
+from reamer.policies.placement import FreeMap, Strategy, gang_order
 from reamer.policies.queue import RequestGroups
 
 
@@ -41,7 +41,8 @@ class Static:
         self.cfg = config or StaticConfig()
         self._free: FreeMap | None = None
         self._queue = RequestGroups(shape_of)
-        # a request's (cores, MiB, GPUs) summed over its containers, and its containers, by shape_of
+        # a request's (cores, MiB, GPUs) summed over its containers, and its containers in the order
+        # they are placed, by shape_of
         self._requests: dict[tuple, tuple[tuple[float, float, float], list[tuple[Role, object]]]] = {}
 
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
@@ -55,11 +56,11 @@ class Static:
             got = requests.get(key)
             if got is None:
                 req = job.spec.request
-                got = requests[key] = ((req.cpu, req.mem_mib, req.gpu), request_of(job.spec))
+                got = requests[key] = ((req.cpu, req.mem_mib, req.gpu), gang_order(request_of(job.spec)))
             (c, m, g), wants = got
             placed = None
             if c <= cpu * (1 + 1e-9) + 1e-6 and m <= mem * (1 + 1e-9) + 1e-6 and g <= gpu * (1 + 1e-9) + 1e-6:
-                placed = free.place_gang(wants, self.cfg.placement, one_node=job.spec.one_node)
+                placed = free.place_gang(wants, self.cfg.placement, one_node=job.spec.one_node, ordered=True)
             if placed is None:  # this request does not fit now, nor will it later this round
                 groups.miss(key)
                 if not self.cfg.backfill:
