@@ -76,3 +76,21 @@ def test_bad_nic_gbps_is_one_line_and_exit_2():
     r = subprocess.run([sys.executable, str(BENCH), "--nic-gbps", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--nic-gbps" in r.stderr and "expected" in r.stderr
+
+
+def test_repeat_keeps_the_fastest_of_equal_runs(shared_data, tmp_path):
+    if not (shared_data / "pai_synthetic" / "jobs.csv").is_file():
+        pytest.skip("the pai_synthetic workload is not in ../shared/data")
+    out = tmp_path / "speed.json"
+    subprocess.run([sys.executable, str(BENCH), "--jobs", "100", "--policies", "static", "--clusters", "pai6500",
+                    "--repeat", "3", "--json", str(out)], check=True, capture_output=True, timeout=300)
+    (run,) = json.loads(out.read_text())["runs"]
+    m = run["metrics"]
+    assert m["repeats"] == 3 and 0 < m["wall_s"] <= m["wall_s_max"]
+    assert m["jobs_per_s"] == pytest.approx(100 / m["wall_s"])  # the kept run's own rates
+
+
+def test_bad_repeat_is_one_line_and_exit_2():
+    r = subprocess.run([sys.executable, str(BENCH), "--repeat", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "--repeat" in r.stderr and "expected" in r.stderr
