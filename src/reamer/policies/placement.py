@@ -79,12 +79,12 @@ class FreeMap:
         ok = self.fits(res)
         if allowed is not None:
             ok &= allowed
-        if not ok.any():
+        if not (len(ok) and ok[ok.argmax()]):  # (argmax: the first True, if any; cheaper than any())
             if allowed is None:
                 self._unfit.append((cpu, mem, gpu))
             return None
-        f = self.free
-        score = (f[:, 0] - cpu) * self._norm[:, 0] + (f[:, 2] - gpu) * self._norm[:, 2]  # share left
+        f, norm = self.free, self._norm
+        score = (f[:, 0] - cpu) * norm[:, 0] + (f[:, 2] - gpu) * norm[:, 2]  # share left
         score = score if strategy == "pack" else -score
         if crowding is not None:
             score = score + 10.0 * crowding  # |score| ≤ 4: crowding dominates
@@ -93,8 +93,10 @@ class FreeMap:
         if gpu_fit and 0 < gpu < 1:
             score = score + 1e4 * (f[:, 2] - gpu)
         score = np.where(ok, score, np.inf)
-        i = int(np.argmin(score))
-        f[i] -= (cpu, mem, gpu)
+        i = int(score.argmin())
+        f[i, 0] -= cpu
+        f[i, 1] -= mem
+        f[i, 2] -= gpu
         return Placement(role, self.names[i], res)
 
     def crowding(self, snap: ClusterSnapshot) -> np.ndarray:
