@@ -237,6 +237,7 @@ class SimCluster:
         # the views a snapshot shows, kept in the state's queue / running order; a running
         # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
         self._queued: dict[str, JobView] = {}
+        self._queue_view: tuple[JobView, ...] | None = None  # _queued's views as a snapshot shows them, until it changes
         self._running: dict[str, JobView | None] = {}
         self._stale: set[str] = set()
         # (node, contended) -> node_use, until a step, burst or container there changes
@@ -251,6 +252,7 @@ class SimCluster:
         rec = self.state.submit(spec, now)
         self.jobs[spec.id] = _Run(rec, t_last=now, pipe=self.models[spec.model].gpu_samples_per_s > 0)
         self._queued[spec.id] = rec.view(0.0, now)
+        self._queue_view = None
 
     def complete(self, jid: str, version: int, now: float) -> bool:
         j = self.jobs[jid]
@@ -277,7 +279,10 @@ class SimCluster:
                 self._progress(j, now)
                 views[jid] = j.rec.view(j.done, now)
         self._stale.clear()
-        queue, running = tuple(self._queued.values()), tuple(views.values())
+        queue = self._queue_view
+        if queue is None:
+            queue = self._queue_view = tuple(self._queued.values())
+        running = tuple(views.values())
         tel, table = self._measure(now) if with_telemetry else ({}, None)
         return self.state.snapshot(now, queue, running, tel, table)
 
@@ -351,6 +356,7 @@ class SimCluster:
             j.w_ref = self._reference_flow(j, e.containers)
             self._set_flows(j)
             del self._queued[e.job]
+            self._queue_view = None
             self._running[e.job] = None
             self._stale.add(e.job)
             spec, started = j.rec.spec, j.rec.started_s
@@ -372,6 +378,7 @@ class SimCluster:
         j.version += 1
         del self._running[e.job]
         self._queued[e.job] = j.rec.view(j.done, j.t_last)
+        self._queue_view = None
         return nodes
 
     def _released(self, j: _Run, e: Stop) -> set[str]:
