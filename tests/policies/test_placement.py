@@ -10,7 +10,7 @@ from reamer.domain import (
     Role,
     TrainingJob,
 )
-from reamer.policies.placement import FreeMap
+from reamer.policies.placement import FreeMap, gang_order
 
 
 def _free(*cores):
@@ -41,3 +41,24 @@ def test_a_one_node_gang_goes_where_the_whole_fits_or_nowhere():
     assert {p.node for p in placed} == {"n2"}
     assert free.place_gang(gang, "pack", one_node=True) is None  # 3 + 3 + 1 free: no node holds 5
     assert free.free[:, 0].tolist() == [3, 3, 1]  # and nothing was kept
+
+
+def test_free_capacity_is_summed_node_after_node():
+    """The Σ-free bound static screens requests with adds the nodes in order (a running sum, as
+    numpy's sum over the rows of a row-major array does); its pairwise sum of a contiguous
+    column rounds differently, and a bound one ulp off may change a decision at its edge."""
+    cores = [0.1 * (i % 7) + 1e3 * (i % 3) for i in range(300)]
+    free = _free(*cores)
+    running = 0.0
+    for c in cores:
+        running += c
+    assert free.sums()[0] == running
+    assert free.total_free().cpu == running
+    assert np.add.reduce(np.asarray(cores)) != running  # pairwise: a different float here
+
+
+def test_a_gang_given_in_placement_order_is_placed_as_one_sorted_for_it():
+    gang = [(Role.PS, Resources(1, 512)), (Role.WORKER, Resources(3, 512)), (Role.WORKER, Resources(2, 512))]
+    a, b = _free(4, 3, 5), _free(4, 3, 5)
+    assert a.place_gang(gang, "pack") == b.place_gang(gang_order(gang), "pack", ordered=True)
+    assert a.free.tolist() == b.free.tolist()
