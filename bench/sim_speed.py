@@ -147,7 +147,8 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     got[(policy, cluster, n)].append({"wall_s": args.limit_s, "timed_out": 1})
                 except subprocess.CalledProcessError as e:
-                    print(f"bench/sim_speed.py: {policy} on {cluster} with {n} jobs failed:\n{e.stderr}", file=sys.stderr)
+                    print(f"bench/sim_speed.py: {policy} on {cluster} with {n} jobs failed:\n{e.stderr}",
+                          file=sys.stderr)
                     return 1
                 bar.advance(task)
     runs, table = [], []

@@ -237,7 +237,7 @@ class SimCluster:
         # the views a snapshot shows, kept in the state's queue / running order; a running
         # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
         self._queued: dict[str, JobView] = {}
-        self._queue_view: tuple[JobView, ...] | None = None  # _queued's views as a snapshot shows them, until it changes
+        self._queue_view: tuple[JobView, ...] | None = None  # _queued as a snapshot shows it (None: changed)
         self._running: dict[str, JobView | None] = {}
         self._stale: set[str] = set()
         # (node, contended) -> node_use, until a step, burst or container there changes
