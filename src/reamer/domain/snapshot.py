@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -29,6 +30,46 @@ class ContainerTelemetry(NamedTuple):
     gpu_util: float = 0.0  # share of the container's GPU time busy, 0..1
 
 
+class ChunkedViews(Sequence[JobView]):
+    """An immutable sequence of job views made of immutable chunks (tuples), in order. A
+    backend that keeps many views and changes a few of them between snapshots builds each
+    snapshot from the chunks of the last one, rebuilding only the chunks that changed, so a
+    snapshot costs O(chunks + changed chunks), not O(views)."""
+
+    __slots__ = ("_chunks", "_len")
+
+    def __init__(self, chunks: tuple[tuple[JobView, ...], ...]) -> None:
+        self._chunks = chunks
+        self._len = sum(map(len, chunks))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[JobView]:
+        return chain.from_iterable(self._chunks)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError("view index out of range")
+        for c in self._chunks:
+            if i < len(c):
+                return c[i]
+            i -= len(c)
+        raise AssertionError("unreachable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ChunkedViews({tuple(self)!r})"
+
+
 class JobTelemetry(NamedTuple):
     """Measured over ``[since_s, now]`` for one running job (a named tuple: made per job and
     interval)."""
@@ -44,7 +85,7 @@ class ClusterSnapshot:
     nodes: tuple[Node, ...]
     free: Mapping[str, Resources]
     queue: tuple[JobView, ...]  # queued jobs, in arrival order (FIFO)
-    running: tuple[JobView, ...]
+    running: Sequence[JobView]  # immutable: a tuple, or the simulator's ChunkedViews
     telemetry: Mapping[str, JobTelemetry] = field(default_factory=dict)  # by job id; empty between intervals
     # ``free`` as read-only rows (cores, MiB, GPUs) in ``nodes`` order (None: build them from ``free``)
     free_rows: np.ndarray | None = None

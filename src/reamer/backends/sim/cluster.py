@@ -27,6 +27,7 @@ from itertools import chain
 
 import numpy as np
 
+from reamer.backends.sim.views import RunningViews
 from reamer.backends.state import ClusterState, Effect, JobRecord, Launch, Reshape, SetQuota, Stop
 from reamer.domain import (
     ClusterSnapshot,
@@ -238,7 +239,7 @@ class SimCluster:
         # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
         self._queued: dict[str, JobView] = {}
         self._queue_view: tuple[JobView, ...] | None = None  # _queued as a snapshot shows it (None: changed)
-        self._running: dict[str, JobView | None] = {}
+        self._running = RunningViews()  # in chunks: a snapshot copies only the chunks that changed
         self._stale: set[str] = set()
         # (node, contended) -> node_use, until a step, burst or container there changes
         self._node_use: dict[tuple[str, bool], float] = {}
@@ -261,7 +262,7 @@ class SimCluster:
         self.integrate(now)
         self._progress(j, now)
         nodes = self._released(j, self.state.finish(jid, now))
-        del self._running[jid]
+        self._running.remove(jid)
         if j.rec.spec.duration_s is None:
             j.done = j.rec.spec.samples  # a fixed-duration job keeps the samples it did
         self._refresh(nodes, (), now)
@@ -277,12 +278,12 @@ class SimCluster:
             if jid in views:
                 j = self.jobs[jid]
                 self._progress(j, now)
-                views[jid] = j.rec.view(j.done, now)
+                views.set(jid, j.rec.view(j.done, now))
         self._stale.clear()
         queue = self._queue_view
         if queue is None:
             queue = self._queue_view = tuple(self._queued.values())
-        running = tuple(views.values())
+        running = views.snapshot()
         tel, table = self._measure(now) if with_telemetry else ({}, None)
         return self.state.snapshot(now, queue, running, tel, table)
 
@@ -357,7 +358,7 @@ class SimCluster:
             self._set_flows(j)
             del self._queued[e.job]
             self._queue_view = None
-            self._running[e.job] = None
+            self._running.add(e.job)
             self._stale.add(e.job)
             spec, started = j.rec.spec, j.rec.started_s
             if spec.duration_s is not None and started is not None:  # ends at its first start + duration
@@ -376,7 +377,7 @@ class SimCluster:
         # Stop: preempted, its progress kept (checkpoint); the completion event goes stale
         nodes = self._released(j, e)
         j.version += 1
-        del self._running[e.job]
+        self._running.remove(e.job)
         self._queued[e.job] = j.rec.view(j.done, j.t_last)
         self._queue_view = None
         return nodes

@@ -44,6 +44,7 @@ from reamer.domain import (
 )
 from reamer.domain.decisions import InvalidDecision, Placement, check_start
 from reamer.domain.readings import ReadingTable
+from reamer.domain.snapshot import ChunkedViews
 
 _new_view = tuple.__new__  # a JobView from its fields in order, without the named tuple's keyword handling
 
@@ -292,7 +293,8 @@ class ClusterState:
         """``readings``: ``telemetry`` as columns, where the backend measured it so."""
         rows, per_node = self._free_rows.copy(), self._per_node.copy()
         rows.flags.writeable = per_node.flags.writeable = False
-        return ClusterSnapshot(now, self.nodes, MappingProxyType(dict(self.free)), tuple(queue), tuple(running),
+        running = running if isinstance(running, tuple | ChunkedViews) else tuple(running)  # immutable as it is
+        return ClusterSnapshot(now, self.nodes, MappingProxyType(dict(self.free)), tuple(queue), running,
                                MappingProxyType(telemetry), rows, per_node, readings)
 
     # ------------------------------------------------------------------ booking
