@@ -70,6 +70,27 @@ class ChunkedViews(Sequence[JobView]):
         return f"ChunkedViews({tuple(self)!r})"
 
 
+class FreeByNode(Mapping[str, Resources]):
+    """Free capacity by node name, read from a snapshot's rows (cores, MiB, GPUs) in node order:
+    a snapshot hands the rows out once (``free_rows``) instead of a copy of a mapping of every
+    node. ``index`` (node name -> row) and ``rows`` must not change."""
+
+    __slots__ = ("_index", "_rows")
+
+    def __init__(self, index: Mapping[str, int], rows: np.ndarray) -> None:
+        self._index, self._rows = index, rows
+
+    def __getitem__(self, name: str) -> Resources:
+        cpu, mem, gpu = self._rows[self._index[name]].tolist()
+        return Resources(cpu, mem, gpu)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
 class JobTelemetry(NamedTuple):
     """Measured over ``[since_s, now]`` for one running job (a named tuple: made per job and
     interval)."""

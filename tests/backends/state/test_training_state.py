@@ -147,3 +147,17 @@ def test_growth_is_what_decisions_are_about_to_take():
     # limits grow by what is added (a shrink frees nothing until it happened); requests by
     # the user's request of each new container's role, whatever its placement's size
     assert grow == {"b": Growth(2.0, 1.0, 256.0), "a": Growth(3.0, 2.0, 512.0)}
+
+
+def test_a_snapshots_free_capacity_is_the_states_as_it_was():
+    """``snap.free`` reads the snapshot's own rows: the state's free capacity by node, in node
+    order, as of the snapshot, whatever is booked later."""
+    st = _state()
+    st.apply(START, 0.0)
+    st.apply(Resize("j/worker1", Resources(3.5, 700)), 1.0)
+    snap = st.snapshot(1.0, (), (), {})
+    assert list(snap.free) == ["a", "b"] and dict(snap.free) == st.free and snap.free.get("z") is None
+    want = dict(st.free)
+    st.apply(Resize("j/worker1", Resources(1, 512)), 2.0)
+    assert dict(snap.free) == want != st.free and snap.free["b"] == Resources(4.5, 7492)
+    assert snap.free_rows.tolist() == [[7, 7680, 0], [4.5, 7492, 0]]

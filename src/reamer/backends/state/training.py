@@ -44,7 +44,7 @@ from reamer.domain import (
 )
 from reamer.domain.decisions import InvalidDecision, Placement, check_start
 from reamer.domain.readings import ReadingTable
-from reamer.domain.snapshot import ChunkedViews
+from reamer.domain.snapshot import ChunkedViews, FreeByNode
 
 _new_view = tuple.__new__  # a JobView from its fields in order, without the named tuple's keyword handling
 
@@ -154,6 +154,7 @@ class ClusterState:
         self.free: dict[str, Resources] = {n.name: n.capacity for n in self.nodes}
         # the same free capacity as rows (cores, MiB, GPUs) in node order, for policies' placement
         self._row = {n.name: i for i, n in enumerate(self.nodes)}
+        self._rows_of = MappingProxyType(self._row)  # snapshots read their free rows through it
         self._free_rows = np.array([(n.cores, n.mem_mib, n.gpus) for n in self.nodes], dtype=float).reshape(-1, 3)
         self._per_node = np.zeros(len(self.nodes))  # training containers per node, in node order
         self._enqueued = 0  # enqueues so far (JobRecord.order)
@@ -294,7 +295,7 @@ class ClusterState:
         rows, per_node = self._free_rows.copy(), self._per_node.copy()
         rows.flags.writeable = per_node.flags.writeable = False
         running = running if isinstance(running, tuple | ChunkedViews) else tuple(running)  # immutable as it is
-        return ClusterSnapshot(now, self.nodes, MappingProxyType(dict(self.free)), tuple(queue), running,
+        return ClusterSnapshot(now, self.nodes, FreeByNode(self._rows_of, rows), tuple(queue), running,
                                MappingProxyType(telemetry), rows, per_node, readings)
 
     # ------------------------------------------------------------------ booking
