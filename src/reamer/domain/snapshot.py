@@ -49,20 +49,10 @@ class ChunkedViews(Sequence[JobView]):
         return chain.from_iterable(self._chunks)
 
     def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return tuple(self)[i]
-        if i < 0:
-            i += self._len
-        if not 0 <= i < self._len:
-            raise IndexError("view index out of range")
-        for c in self._chunks:
-            if i < len(c):
-                return c[i]
-            i -= len(c)
-        raise AssertionError("unreachable")
+        return tuple(self)[i]  # policies iterate; indexing (rare) goes through a tuple
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+    def __eq__(self, other: object) -> bool:  # equal to the tuple of the same views, as a tuple is
+        return isinstance(other, tuple | ChunkedViews) and len(self) == len(other) and tuple(self) == tuple(other)
 
     __hash__ = None  # type: ignore[assignment]
 
