@@ -45,9 +45,10 @@ critical path — and the cores it frees only feed inference; on the CPU-bound e
 default the trims free cores that other jobs start and grow on (without them mean JCT is
 9–33 % higher, seeds 1–3), so the policy's default keeps them. Metrics per run:
 the co-location keys of :mod:`reamer.backends.sim.inference`, the realised ``gpu_alloc_pct``,
-``training_samples`` (trained by the jobs that ended within the horizon) and
-``training_speedup_vs_static_ratio`` (that ÷ ``static+reamer``'s, same seed, packing and
-load). Ratios: per policy, min and max over all runs of SLO attainment, training slowdown,
+``training_samples`` (trained within the horizon by every job: a job still running at its
+end counts what it trained until then), ``training_samples_finished`` (by the jobs that ended
+within it) and ``training_speedup_vs_static_ratio`` (``training_samples`` ÷
+``static+reamer``'s, same seed, packing and load). Ratios: per policy, min and max over all runs of SLO attainment, training slowdown,
 harvested share and the speed-up.
 """
 
@@ -253,7 +254,8 @@ def one(args) -> dict:
     m = {k: r.metrics[k] for k in KEYS}
     m["wall_s"] = r.metrics["wall_s"]
     m["training_jobs"] = float(len(jobs))
-    m["training_samples"] = sum(j.samples for j in r.jobs)  # of the jobs that ended within the horizon
+    m["training_samples"] = r.samples_trained  # by every job within the horizon, finished or not
+    m["training_samples_finished"] = sum(j.samples for j in r.jobs)  # by the jobs that ended within it
     params = {"packing_pct": packing, "peak_load": load, "need_variation": variation, "need_scale": scale,
               "nic_gbps": nic, "training_qos": qos}
     if overrides:
@@ -413,9 +415,9 @@ def _number_or_pai(text: str) -> float | str:
 
 
 def speedups(runs: list[dict]) -> None:
-    """Each run's ``training_speedup_vs_static_ratio``: the samples its training jobs trained ÷
-    those of the :data:`BASELINE` run of the same seed, training QoS, packing and load (None
-    without one)."""
+    """Each run's ``training_speedup_vs_static_ratio``: the samples its training jobs trained
+    within the horizon ÷ those of the :data:`BASELINE` run of the same seed, training QoS,
+    packing and load (None without one)."""
     def same(r: dict) -> tuple:
         return r["seed"], r["params"]["training_qos"], r["params"]["packing_pct"], r["params"]["peak_load"]
 

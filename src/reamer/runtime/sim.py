@@ -71,6 +71,7 @@ class RunResult:
     # model (or "PS") -> (cores the parallel fraction used for its workers (its PS containers) was
     # measured up to, the most cores one of them got)
     extrapolated: dict[str, tuple[float, float]] = field(default_factory=dict)
+    samples_trained: float = 0.0  # by every job, finished or not, until the run's end (its horizon)
 
 
 SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_alloc_pct", "gpu_alloc_pct")
@@ -216,11 +217,12 @@ def simulate(
         metrics["harvest_rounds"] = harvest_rounds
         name = f"{policy.name}+{hpolicy.name}"
         inf_series = inf.series
+    trained = cluster.samples_trained(horizon if math.isfinite(horizon) else cluster.totals.t)
     metrics["wall_s"] = time.perf_counter() - wall0
     log.info("simulated %s under %s", sc.name, name, extra={"seed": sc.seed, "jobs": len(records),
                                                            "unfinished": unfinished, "wall_s": round(metrics["wall_s"], 3)})
     return RunResult(sc.name, name, sc.seed, records, unfinished, metrics, series, timelines, inf_series,
-                     dict(cluster.extrapolated))
+                     dict(cluster.extrapolated), trained)
 
 
 def _with_interference(sc: Scenario, inter: Interference | None) -> Scenario:

@@ -750,6 +750,21 @@ class SimCluster:
             use = self._node_use[key] = sum(self.container_uses(self.state.containers_on(node), contended))
         return use
 
+    def samples_trained(self, until: float) -> float:
+        """Samples every job has trained by ``until`` (≥ the last event): the running ones at
+        their current speed since their last change, the others what they did."""
+        tot = 0.0
+        for jid, j in self.jobs.items():
+            done = j.done
+            if jid in self.state.running:
+                start = max(j.t_last, j.paused_until)
+                if until > start:
+                    done += j.step.speed * (until - start)
+                    if j.rec.spec.duration_s is None:
+                        done = min(j.rec.spec.samples, done)
+            tot += done
+        return tot
+
     def speed_share(self) -> tuple[float, int]:
         """(Σ over running jobs of speed / uncontended speed, number of running jobs)."""
         tot, n = 0.0, 0
