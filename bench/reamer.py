@@ -48,8 +48,8 @@ the co-location keys of :mod:`reamer.backends.sim.inference`, the realised ``gpu
 ``training_samples`` (trained within the horizon by every job: a job still running at its
 end counts what it trained until then), ``training_samples_finished`` (by the jobs that ended
 within it) and ``training_speedup_vs_static_ratio`` (``training_samples`` ÷
-``static+reamer``'s, same seed, packing and load). Ratios: per policy, min and max over all runs of SLO attainment, training slowdown,
-harvested share and the speed-up.
+``static+reamer``'s, same seed, packing and load). Ratios: per policy, min and max over all
+runs of SLO attainment, training slowdown, harvested share and the speed-up.
 """
 
 from __future__ import annotations
