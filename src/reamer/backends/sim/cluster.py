@@ -751,19 +751,13 @@ class SimCluster:
         return use
 
     def samples_trained(self, until: float) -> float:
-        """Samples every job has trained by ``until`` (≥ the last event): the running ones at
-        their current speed since their last change, the others what they did."""
-        tot = 0.0
+        """Samples every job has trained by ``until`` (≥ the last event; the running ones are
+        advanced to it: call it once the run is over)."""
+        running = self.state.running
         for jid, j in self.jobs.items():
-            done = j.done
-            if jid in self.state.running:
-                start = max(j.t_last, j.paused_until)
-                if until > start:
-                    done += j.step.speed * (until - start)
-                    if j.rec.spec.duration_s is None:
-                        done = min(j.rec.spec.samples, done)
-            tot += done
-        return tot
+            if jid in running:
+                self._progress(j, until)
+        return sum(j.done for j in self.jobs.values())
 
     def speed_share(self) -> tuple[float, int]:
         """(Σ over running jobs of speed / uncontended speed, number of running jobs)."""
