@@ -47,9 +47,11 @@ default the trims free cores that other jobs start and grow on (without them mea
 the co-location keys of :mod:`reamer.backends.sim.inference`, the realised ``gpu_alloc_pct``,
 ``training_samples`` (trained within the horizon by every job: a job still running at its
 end counts what it trained until then), ``training_samples_finished`` (by the jobs that ended
-within it) and ``training_speedup_vs_static_ratio`` (``training_samples`` ÷
-``static+reamer``'s, same seed, packing and load). Ratios: per policy, min and max over all
-runs of SLO attainment, training slowdown, harvested share and the speed-up.
+within it), ``training_speedup_vs_static_ratio`` (``training_samples`` ÷
+``static+reamer``'s, same seed, packing and load) and, on ``nearchus+reamer`` runs,
+``harvested_vs_uncoordinated_ratio`` (harvested core-hours ÷ ``nearchus+reamer-uncoordinated``'s).
+Ratios: per policy, min and max over all runs of SLO attainment, training slowdown, harvested
+share and the two ratios, and the two ratios pooled (Σ over all runs ÷ Σ over the paired runs).
 """
 
 from __future__ import annotations
@@ -366,15 +368,19 @@ def main() -> int:
     speedups(runs)
     ratios: dict[str, float] = {}
     for qos in a.training_qos:
+        same_qos = [r for r in runs if r["params"]["training_qos"] == qos]
         for name in a.policies:
-            mine = [r["metrics"] for r in runs if r["policy"] == name and r["params"]["training_qos"] == qos]
+            mine = [r["metrics"] for r in same_qos if r["policy"] == name]
             # snake_case keys; guaranteed's without the QoS (as before it was a parameter)
             key = name.replace("+", "_").replace("-", "_") + ("" if qos == "guaranteed" else f"_{qos}")
-            sp = [m["training_speedup_vs_static_ratio"] for m in mine
-                  if m.get("training_speedup_vs_static_ratio") is not None]
-            if sp:
-                ratios[f"{key}_training_speedup_vs_static_min_ratio"] = min(sp)
-                ratios[f"{key}_training_speedup_vs_static_max_ratio"] = max(sp)
+            for k, base, metric in (("training_speedup_vs_static", BASELINE, "training_samples"),
+                                    ("harvested_vs_uncoordinated", "nearchus+reamer-uncoordinated",
+                                     "harvested_core_hours")):
+                vals = [m[f"{k}_ratio"] for m in mine if m.get(f"{k}_ratio") is not None]
+                if vals:  # per run, and over all of them (Σ ÷ Σ)
+                    ratios[f"{key}_{k}_min_ratio"] = min(vals)
+                    ratios[f"{key}_{k}_max_ratio"] = max(vals)
+                    ratios[f"{key}_{k}_pooled_ratio"] = pooled(same_qos, base, metric, name)
             for k in ("slo_attainment_pct", "training_slowdown_pct", "harvested_share_pct"):
                 vals = [m[k] for m in mine if m[k] is not None]
                 if vals:
@@ -414,17 +420,39 @@ def _number_or_pai(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"expected a number or pai2020, got {text!r}") from None
 
 
+def _same(r: dict) -> tuple:
+    return r["seed"], r["params"]["training_qos"], r["params"]["packing_pct"], r["params"]["peak_load"]
+
+
+def versus(runs: list[dict], base_policy: str, metric: str, key: str, policies: tuple[str, ...] | None = None) -> None:
+    """Each run's ``key``: its ``metric`` ÷ that of the ``base_policy`` run of the same seed,
+    training QoS, packing and load (None without one, or where that one's is 0); only on the
+    runs of ``policies`` (None: every run)."""
+    base = {_same(r): r["metrics"][metric] for r in runs if r["policy"] == base_policy}
+    for r in runs:
+        if policies is None or r["policy"] in policies:
+            b = base.get(_same(r))
+            r["metrics"][key] = r["metrics"][metric] / b if b else None
+
+
 def speedups(runs: list[dict]) -> None:
     """Each run's ``training_speedup_vs_static_ratio``: the samples its training jobs trained
     within the horizon ÷ those of the :data:`BASELINE` run of the same seed, training QoS,
-    packing and load (None without one)."""
-    def same(r: dict) -> tuple:
-        return r["seed"], r["params"]["training_qos"], r["params"]["packing_pct"], r["params"]["peak_load"]
+    packing and load (None without one); and each joint ``nearchus+reamer`` run's
+    ``harvested_vs_uncoordinated_ratio``: its harvested core-hours ÷ those of the
+    ``nearchus+reamer-uncoordinated`` run of the same seed, training QoS, packing and load."""
+    versus(runs, BASELINE, "training_samples", "training_speedup_vs_static_ratio")
+    versus(runs, "nearchus+reamer-uncoordinated", "harvested_core_hours", "harvested_vs_uncoordinated_ratio",
+           ("nearchus+reamer",))
 
-    base = {same(r): r["metrics"]["training_samples"] for r in runs if r["policy"] == BASELINE}
-    for r in runs:
-        b = base.get(same(r))
-        r["metrics"]["training_speedup_vs_static_ratio"] = r["metrics"]["training_samples"] / b if b else None
+
+def pooled(runs: list[dict], base_policy: str, metric: str, policy: str) -> float | None:
+    """Σ ``metric`` over ``policy``'s runs ÷ Σ over the ``base_policy`` runs of the same seeds,
+    training QoS, packings and loads (the runs both have; None without any, or a zero sum)."""
+    base = {_same(r): r["metrics"][metric] for r in runs if r["policy"] == base_policy}
+    pairs = [(r["metrics"][metric], base[_same(r)]) for r in runs if r["policy"] == policy and _same(r) in base]
+    den = sum(b for _, b in pairs)
+    return sum(a for a, _ in pairs) / den if pairs and den else None
 
 
 def write_docs(runs: list[dict], seeds: list[int], quick: bool) -> None:

@@ -40,6 +40,29 @@ def test_speedup_is_against_static_reamer_of_the_same_seed_qos_packing_and_load(
     assert got == [1.0, 1.3, 0.9, 1.0, 0.9, None, 1.0, 1.1]
 
 
+def test_joint_harvest_is_against_the_uncoordinated_run_and_pooled_over_runs():
+    b = _bench()
+
+    def run(policy, seed, hours, samples, packing=70):
+        r = _run(policy, seed, samples, packing)
+        r["metrics"]["harvested_core_hours"] = hours
+        return r
+
+    runs = [run("nearchus+reamer-uncoordinated", 1, 10.0, 100.0), run("nearchus+reamer", 1, 6.0, 110.0),
+            run("nearchus+reamer-uncoordinated", 2, 30.0, 100.0), run("nearchus+reamer", 2, 36.0, 90.0),
+            run("nearchus+reamer", 3, 5.0, 50.0),  # no uncoordinated run of seed 3
+            run("nearchus+reamer-uncoordinated", 1, 0.0, 100.0, packing=85), run("nearchus+reamer", 1, 2.0, 1.0, 85),
+            run("static+reamer", 1, 12.0, 100.0), run("static+reamer", 2, 1.0, 100.0)]
+    b.speedups(runs)
+    got = [r["metrics"].get("harvested_vs_uncoordinated_ratio") for r in runs]
+    assert got == [None, 0.6, None, 1.2, None, None, None, None, None]  # joint runs only; none against 0
+    # Σ ÷ Σ over the runs both policies have: (6 + 36 + 2) ÷ (10 + 30 + 0), the harvest of seed 1 counting
+    # less than its per-run ratio says; and the speed-up (110 + 90) ÷ (100 + 100)
+    assert b.pooled(runs, "nearchus+reamer-uncoordinated", "harvested_core_hours", "nearchus+reamer") == 44.0 / 40.0
+    assert b.pooled(runs, "static+reamer", "training_samples", "nearchus+reamer") == 1.0
+    assert b.pooled(runs, "static+reamer", "training_samples", "naive") is None
+
+
 def test_the_need_options_take_a_number_or_pai2020():
     b = _bench()
     assert b._number_or_pai("pai2020") == "pai2020" and b._number_or_pai("0.3") == 0.3
