@@ -424,11 +424,16 @@ def _same(r: dict) -> tuple:
     return r["seed"], r["params"]["training_qos"], r["params"]["packing_pct"], r["params"]["peak_load"]
 
 
+def _of(runs: list[dict], policy: str, metric: str) -> dict[tuple, float]:
+    """``metric`` of each of ``policy``'s runs, by seed, training QoS, packing and load."""
+    return {_same(r): r["metrics"][metric] for r in runs if r["policy"] == policy}
+
+
 def versus(runs: list[dict], base_policy: str, metric: str, key: str, policies: tuple[str, ...] | None = None) -> None:
     """Each run's ``key``: its ``metric`` ÷ that of the ``base_policy`` run of the same seed,
     training QoS, packing and load (None without one, or where that one's is 0); only on the
     runs of ``policies`` (None: every run)."""
-    base = {_same(r): r["metrics"][metric] for r in runs if r["policy"] == base_policy}
+    base = _of(runs, base_policy, metric)
     for r in runs:
         if policies is None or r["policy"] in policies:
             b = base.get(_same(r))
@@ -449,8 +454,8 @@ def speedups(runs: list[dict]) -> None:
 def pooled(runs: list[dict], base_policy: str, metric: str, policy: str) -> float | None:
     """Σ ``metric`` over ``policy``'s runs ÷ Σ over the ``base_policy`` runs of the same seeds,
     training QoS, packings and loads (the runs both have; None without any, or a zero sum)."""
-    base = {_same(r): r["metrics"][metric] for r in runs if r["policy"] == base_policy}
-    pairs = [(r["metrics"][metric], base[_same(r)]) for r in runs if r["policy"] == policy and _same(r) in base]
+    base, mine = _of(runs, base_policy, metric), _of(runs, policy, metric)
+    pairs = [(v, base[k]) for k, v in mine.items() if k in base]
     den = sum(b for _, b in pairs)
     return sum(a for a, _ in pairs) / den if pairs and den else None
 
