@@ -69,6 +69,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
+from rich.progress import Progress
 
 # this file is named like the package: keep its own folder off the import path for ``reamer``
 _HERE = Path(__file__).resolve().parent
@@ -359,10 +361,12 @@ def main() -> int:
     order = sorted(range(len(tasks)), key=lambda i: -tasks[i][2])
     done: dict[int, dict] = {}
     with ProcessPoolExecutor(a.workers, initializer=_init, initargs=(nodes, tmp / "latency-results")) as ex:
-        for i, r in zip(order, ex.map(one, [tasks[i] for i in order])):
-            done[i] = r
-            print(f"\r{len(done)}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+        results = ex.map(one, [tasks[i] for i in order])  # every run submitted: the workers start before the bar's thread
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("simulating", total=len(tasks))
+            for i, r in zip(order, results):
+                done[i] = r
+                bar.advance(task)
     runs = [done[i] for i in range(len(tasks))]
     tmp_dir.cleanup()
     speedups(runs)
