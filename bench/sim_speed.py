@@ -3,6 +3,7 @@ training policy at 2,000-20,000 jobs, with the growth exponent of wall time in j
 
     python bench/sim_speed.py --json bench-sim_speed.json
     python bench/sim_speed.py --policies static --clusters pai6500 --jobs 2000 20000   # one line
+    python bench/sim_speed.py --trace --json bench-sim_speed-trace.json   # the whole openb pod list
 
 The jobs are the first N rows of ``../shared/data/pai_synthetic/jobs.csv`` (GPU jobs shaped
 like the Alibaba PAI 2020 simulator's trace: groups of 1,000 every 60 s), on two clusters:
@@ -18,6 +19,12 @@ fastest: a busy or throttled machine only slows a run, so the minimum is the lea
 measure (the slope of a single pass moves with the machine's speed during it). Every repeat
 must do the same work (events, re-timings), or the bench fails.
 
+``--trace`` replays the whole openb pod list instead (``scenarios/openb.yaml``: 8,152 pods on
+the 1,523 nodes), under each policy and under ``static-observed``: ``static`` given the
+scenario's control interval, so that every running job is measured each interval while the
+decisions, and so the results, stay static's. That is the floor of any policy that looks at
+every running job each interval (``--policies static-observed`` runs it at the sizes too).
+
 Runs: params ``jobs``, ``cluster``; metrics ``wall_s``, ``events_per_s``, ``jobs_per_s``,
 ``peak_rss_mib``, ``events``, ``rounds``, ``retimings``, ``job_intervals``, ``timed_out``,
 ``repeats`` (the runs the fastest was kept from) and ``wall_s_max`` (the slowest of them).
@@ -27,6 +34,9 @@ the same slopes of log events, ``events_growth_exponent_<policy>[_<cluster>]`` (
 exponent a simulator whose cost per event does not grow would show), and of the model's work:
 ``retimings_growth_exponent_…`` (re-timings that changed a job's step) and
 ``job_intervals_growth_exponent_…`` (running jobs measured, summed over telemetry rounds).
+With ``--trace``: scenario ``openb``, params ``trace`` (``openb``), the same metrics; ratios
+``trace_wall_vs_static_<policy>`` and ``trace_wall_vs_observed_<policy>``, the policy's wall
+time over ``static``'s and over ``static-observed``'s (left out where a run was stopped).
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import OPENB_NODES, SHARED_DATA
+from _common import OPENB_NODES, OPENB_PODS, REPO, SHARED_DATA
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -52,6 +62,8 @@ from reamer.reports.results import document, run_entry, write_json
 PAI = SHARED_DATA / "pai_synthetic"
 CLUSTERS = ("pai6500", "openb")
 POLICIES = ("static", "nearchus", "optimus")
+OBSERVED = "static-observed"  # static, its running jobs measured every control interval: the floor of looking
+TRACE = REPO / "scenarios" / "openb.yaml"
 SIZES = (2000, 5000, 10000, 20000)
 
 
@@ -71,9 +83,8 @@ def scenario_text(jobs_csv: Path, cluster: str, nic_gbps: float | None = None) -
 
 
 def one(jobs: int, cluster: str, policy: str, nic_gbps: float | None = None) -> dict:
-    """Run one simulation in this process and return its metrics."""
+    """Run one simulation of the first ``jobs`` pai_synthetic jobs in this process and return its metrics."""
     from reamer.config.scenario import load_scenario
-    from reamer.runtime import simulate
 
     with tempfile.TemporaryDirectory() as tmp:
         rows = (PAI / "jobs.csv").read_text().splitlines()[: jobs + 1]
@@ -81,10 +92,33 @@ def one(jobs: int, cluster: str, policy: str, nic_gbps: float | None = None) -> 
         path.write_text("\n".join(rows) + "\n")
         sc_path = Path(tmp) / "scenario.yaml"
         sc_path.write_text(scenario_text(path, cluster, nic_gbps))
-        sc = load_scenario(sc_path)
-        t0 = time.perf_counter()
-        res = simulate(sc, policy)
-        wall = time.perf_counter() - t0
+        return measure(load_scenario(sc_path), policy)
+
+
+def one_trace(policy: str, nic_gbps: float | None = None) -> dict:
+    """Replay the whole openb pod list (``scenarios/openb.yaml``) under ``policy`` in this
+    process and return its metrics; ``nic_gbps``: its nodes' NIC (None: the scenario's)."""
+    from reamer.config.scenario import load_scenario
+
+    sc = load_scenario(TRACE)
+    if nic_gbps is not None:
+        sc = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"nic_gbps": nic_gbps})})
+    return measure(sc, policy)
+
+
+def measure(sc, policy: str) -> dict:
+    """Simulate ``sc`` under ``policy`` (``static-observed``: ``static`` with the scenario's
+    control interval) and return the metrics of the run; wall time is the ``simulate`` call."""
+    from reamer.policies.static import Static
+    from reamer.runtime import simulate
+
+    pol: object = policy
+    if policy == OBSERVED:  # every running job measured each interval; the decisions stay static's
+        pol = Static()
+        pol.interval_s = sc.policy.interval_s
+    t0 = time.perf_counter()
+    res = simulate(sc, pol)
+    wall = time.perf_counter() - t0
     m = res.metrics
     return {"wall_s": wall, "events_per_s": m["events"] / wall, "jobs_per_s": m["jobs"] / wall,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
@@ -108,7 +142,9 @@ def main() -> int:
     ap.add_argument("--json", dest="json_out", help="write results here (the docs/results-format.md shape)")
     ap.add_argument("--jobs", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--clusters", nargs="+", choices=CLUSTERS, default=list(CLUSTERS))
-    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    ap.add_argument("--policies", nargs="+", choices=(*POLICIES, OBSERVED), default=list(POLICIES))
+    ap.add_argument("--trace", action="store_true",
+                    help="replay the whole openb pod list (scenarios/openb.yaml) instead of the pai_synthetic sizes")
     ap.add_argument("--limit-s", type=float, default=600.0, help="stop a run after this many seconds")
     ap.add_argument("--nic-gbps", type=float, help="both clusters' NIC (default: 10 GbE; 100000: no NIC sharing)")
     ap.add_argument("--repeat", type=int, default=1, help="run each configuration this many times, keep the fastest")
@@ -120,25 +156,58 @@ def main() -> int:
     if args.repeat < 1:
         print(f"bench/sim_speed.py: --repeat: expected a whole number ≥ 1, got {args.repeat}", file=sys.stderr)
         return 2
-    if not (PAI / "jobs.csv").is_file():
-        print(f"bench/sim_speed.py: {PAI / 'jobs.csv'}: expected the pai_synthetic workload (../shared/data)",
-              file=sys.stderr)
-        return 2
-    if "openb" in args.clusters and not OPENB_NODES.is_file():
-        print(f"bench/sim_speed.py: {OPENB_NODES}: expected the openb node list (../shared/data)", file=sys.stderr)
-        return 2
+    for path, what, needed in ((PAI / "jobs.csv", "the pai_synthetic workload", not args.trace),
+                               (OPENB_NODES, "the openb node list", args.trace or "openb" in args.clusters),
+                               (OPENB_PODS, "the openb pod list", args.trace)):
+        if needed and not path.is_file():
+            print(f"bench/sim_speed.py: {path}: expected {what} (../shared/data)", file=sys.stderr)
+            return 2
     if args.one:
-        print(json.dumps(one(args.jobs[0], args.clusters[0], args.policies[0], args.nic_gbps)))
+        m = one_trace(args.policies[0], args.nic_gbps) if args.trace else one(
+            args.jobs[0], args.clusters[0], args.policies[0], args.nic_gbps)
+        print(json.dumps(m))
         return 0
-    configs = [(p, c, n) for p in args.policies for c in args.clusters for n in sorted(args.jobs)]
+    if args.trace:  # static and its observed floor first: the others' ratios are to them
+        configs = [(p, "openb", 0) for p in dict.fromkeys(("static", OBSERVED, *args.policies))]
+    else:
+        configs = [(p, c, n) for p in args.policies for c in args.clusters for n in sorted(args.jobs)]
+    got = _run_all(configs, args)
+    if got is None:
+        return 1
+    kept: dict[tuple[str, str, int], dict] = {}
+    for (policy, cluster, n), ms in got.items():
+        done = [m for m in ms if not m["timed_out"]]
+        if len({(m["events"], m["retimings"], m["job_intervals"]) for m in done}) > 1:
+            print(f"bench/sim_speed.py: {_what(policy, cluster, n)}: the repeats did different work "
+                  f"(events {sorted({m['events'] for m in done})})", file=sys.stderr)
+            return 1
+        m = min(done, key=lambda m: m["wall_s"]) if done else ms[0]
+        kept[(policy, cluster, n)] = m | {"repeats": len(ms), "wall_s_max": max(x["wall_s"] for x in ms)}
+    nic = {} if args.nic_gbps is None else {"nic_gbps": args.nic_gbps}
+    runs, ratios = (_trace_report if args.trace else _sizes_report)(kept, args, nic)
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}", file=sys.stderr)
+    if args.json_out:
+        write_json(args.json_out, document("sim_speed", runs, ratios))
+    return 0
+
+
+def _what(policy: str, cluster: str, n: int) -> str:
+    return f"{policy} on the openb pod list" if not n else f"{policy} on {cluster}, {n:,} jobs"
+
+
+def _run_all(configs: list[tuple[str, str, int]], args: argparse.Namespace) -> dict | None:
+    """Every configuration ``args.repeat`` times, each run a child process (its own peak RSS),
+    in passes over all of them; None when one fails (said on stderr)."""
     got: dict[tuple[str, str, int], list[dict]] = {k: [] for k in configs}
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("simulations", total=len(configs) * args.repeat)
         for rep in range(args.repeat):
             for policy, cluster, n in configs:
-                bar.update(task, description=f"{policy} on {cluster}, {n:,} jobs"
+                bar.update(task, description=_what(policy, cluster, n)
                            + (f" (pass {rep + 1} of {args.repeat})" if args.repeat > 1 else ""))
-                cmd = [sys.executable, __file__, "--one", "--jobs", str(n), "--clusters", cluster, "--policies", policy]
+                cmd = [sys.executable, __file__, "--one", "--policies", policy]
+                cmd += ["--trace"] if not n else ["--jobs", str(n), "--clusters", cluster]
                 if args.nic_gbps is not None:
                     cmd += ["--nic-gbps", repr(args.nic_gbps)]
                 try:
@@ -147,22 +216,16 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     got[(policy, cluster, n)].append({"wall_s": args.limit_s, "timed_out": 1})
                 except subprocess.CalledProcessError as e:
-                    print(f"bench/sim_speed.py: {policy} on {cluster} with {n} jobs failed:\n{e.stderr}",
-                          file=sys.stderr)
-                    return 1
+                    print(f"bench/sim_speed.py: {_what(policy, cluster, n)} failed:\n{e.stderr}", file=sys.stderr)
+                    return None
                 bar.advance(task)
-    runs, table = [], []
-    for (policy, cluster, n), ms in got.items():
-        done = [m for m in ms if not m["timed_out"]]
-        if len({(m["events"], m["retimings"], m["job_intervals"]) for m in done}) > 1:
-            print(f"bench/sim_speed.py: {policy} on {cluster} with {n} jobs: the repeats did different work "
-                  f"(events {sorted({m['events'] for m in done})})", file=sys.stderr)
-            return 1
-        m = min(done, key=lambda m: m["wall_s"]) if done else ms[0]
-        m = m | {"repeats": len(ms), "wall_s_max": max(x["wall_s"] for x in ms)}
-        params = {"jobs": n, "cluster": cluster} | ({} if args.nic_gbps is None else {"nic_gbps": args.nic_gbps})
-        runs.append(run_entry(f"pai_synthetic-{n}", 1, policy, m, params))
-        table.append((policy, cluster, n, m))
+    return got
+
+
+def _sizes_report(kept: dict, args: argparse.Namespace, nic: dict) -> tuple[list[dict], dict[str, float]]:
+    """The pai_synthetic sizes' runs and growth exponents; their table on stderr."""
+    runs = [run_entry(f"pai_synthetic-{n}", 1, policy, m, {"jobs": n, "cluster": cluster} | nic)
+            for (policy, cluster, n), m in kept.items()]
     ratios = {}
     for policy in args.policies:
         for cluster in (None, *args.clusters):
@@ -178,18 +241,44 @@ def main() -> int:
     t = Table(title="Simulator throughput (pai_synthetic jobs)")
     for col in ("policy", "cluster", "jobs", "wall (s)", "events/s", "jobs/s", "peak RSS (MiB)"):
         t.add_column(col, justify="left" if col in ("policy", "cluster") else "right")
-    for policy, cluster, n, m in table:
+    for (policy, cluster, n), m in kept.items():
         if m["timed_out"]:
             t.add_row(policy, cluster, f"{n:,}", f"> {m['wall_s']:.0f}", "–", "–", "–")
         else:
             t.add_row(policy, cluster, f"{n:,}", f"{m['wall_s']:.1f}", f"{m['events_per_s']:,.0f}",
                       f"{m['jobs_per_s']:,.0f}", f"{m['peak_rss_mib']:.0f}")
     Console(stderr=True).print(t)
-    for k, v in ratios.items():
-        print(f"{k}: {v:.2f}", file=sys.stderr)
-    if args.json_out:
-        write_json(args.json_out, document("sim_speed", runs, ratios))
-    return 0
+    return runs, ratios
+
+
+def _trace_report(kept: dict, args: argparse.Namespace, nic: dict) -> tuple[list[dict], dict[str, float]]:
+    """The openb pod list's runs, and each policy's wall time over ``static``'s and over its
+    observed floor's (``trace_wall_vs_static_<policy>``, ``trace_wall_vs_observed_<policy>``;
+    left out where either run was stopped at ``--limit-s``); their table on stderr."""
+    from reamer.config.scenario import load_scenario
+
+    seed = load_scenario(TRACE).seed
+    runs = [run_entry("openb", seed, policy, m, {"trace": "openb"} | nic) for (policy, _, _), m in kept.items()]
+    wall = {policy: m["wall_s"] for (policy, _, _), m in kept.items() if not m["timed_out"]}
+    ratios = {}
+    for policy in wall:
+        for base, key in (("static", "trace_wall_vs_static"), (OBSERVED, "trace_wall_vs_observed")):
+            if policy not in ("static", base) and base in wall:
+                ratios[f"{key}_{policy}"] = wall[policy] / wall[base]
+    t = Table(title="The whole openb pod list (scenarios/openb.yaml)")
+    for col in ("policy", "wall (s)", "× static", "× observed", "job-intervals", "re-timings", "events",
+                "peak RSS (MiB)"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for (policy, _, _), m in kept.items():
+        if m["timed_out"]:
+            t.add_row(policy, f"> {m['wall_s']:.0f}", *["–"] * 6)
+            continue
+        r = [f"{ratios[k]:.2f}" if k in ratios else "–"
+             for k in (f"trace_wall_vs_static_{policy}", f"trace_wall_vs_observed_{policy}")]
+        t.add_row(policy, f"{m['wall_s']:.1f}", *r, f"{m['job_intervals']:,}", f"{m['retimings']:,}",
+                  f"{m['events']:,}", f"{m['peak_rss_mib']:.0f}")
+    Console(stderr=True).print(t)
+    return runs, ratios
 
 
 if __name__ == "__main__":

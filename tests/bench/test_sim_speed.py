@@ -94,3 +94,38 @@ def test_bad_repeat_is_one_line_and_exit_2():
     r = subprocess.run([sys.executable, str(BENCH), "--repeat", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--repeat" in r.stderr and "expected" in r.stderr
+
+
+def test_trace_gives_each_policy_over_static_and_its_observed_floor(shared_data, tmp_path):
+    """--trace replays the whole openb pod list; static-observed measures every running job
+    each interval and decides as static does (the same re-timings and jobs), and the ratios
+    are the runs' wall times over static's and over that floor's."""
+    if not (shared_data / "openb_pod_list_default.csv").is_file():
+        pytest.skip("the openb pod list is not in ../shared/data")
+    out = tmp_path / "trace.json"
+    subprocess.run([sys.executable, str(BENCH), "--trace", "--policies", "static", "--json", str(out)],
+                   check=True, capture_output=True, timeout=600)
+    doc = json.loads(out.read_text())
+    runs = {r["policy"]: r for r in doc["runs"]}
+    assert list(runs) == ["static", "static-observed"]
+    static, observed = runs["static"]["metrics"], runs["static-observed"]["metrics"]
+    for r in runs.values():
+        assert r["scenario"] == "openb" and r["params"] == {"trace": "openb"} and r["metrics"]["timed_out"] == 0
+    assert static["job_intervals"] == 0 < observed["job_intervals"]
+    assert static["retimings"] == observed["retimings"] and static["jobs_done"] == observed["jobs_done"] > 8000
+    assert observed["rounds"] > static["rounds"]
+    assert doc["ratios"] == {"trace_wall_vs_static_static-observed":
+                             pytest.approx(observed["wall_s"] / static["wall_s"])}
+
+
+def test_trace_without_the_pod_list_is_one_line_and_exit_2(tmp_path):
+    import shutil
+
+    fake = tmp_path / "repo" / "bench"
+    fake.mkdir(parents=True)
+    for f in ("sim_speed.py", "_common.py"):
+        shutil.copy(BENCH.parent / f, fake / f)
+    r = subprocess.run([sys.executable, str(fake / "sim_speed.py"), "--trace"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "openb" in r.stderr and "expected" in r.stderr
