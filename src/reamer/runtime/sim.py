@@ -74,6 +74,7 @@ class RunResult:
     samples_trained: float = 0.0  # by every job, finished or not, until the run's end (its horizon)
 
 
+COMPACT_AT = 4096  # queued events beyond twice the live ones before the superseded are dropped (bounds memory)
 SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_alloc_pct", "gpu_alloc_pct")
 
 
@@ -145,7 +146,14 @@ def simulate(
     timelines: dict[str, list[tuple[float, int, int, float]]] = {j: [] for j in tracked}
     horizon = sc.horizon_s or math.inf
 
+    def live(kind: Ev, payload: object) -> bool:
+        return kind is not Ev.COMPLETION or cluster.due(*payload)
+
     while q:
+        # (a re-timing queues the job's new completion and leaves the old one: once the queue
+        # holds more superseded events than live ones, they go)
+        if len(q) > COMPACT_AT + 2 * (pending + len(cluster.state.running)):
+            q.compact(live, horizon)
         now = q.peek_time()
         if now > horizon:
             break

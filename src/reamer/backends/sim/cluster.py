@@ -255,10 +255,16 @@ class SimCluster:
         self._queued[spec.id] = rec.view(0.0, now)
         self._queue_view = None
 
-    def complete(self, jid: str, version: int, now: float) -> bool:
+    def due(self, jid: str, version: int) -> bool:
+        """Whether the completion event of ``version`` is the job's current one (a re-timing,
+        stop or end since supersedes it)."""
         j = self.jobs[jid]
-        if j.rec.state is not JobState.RUNNING or j.version != version:
+        return j.rec.state is JobState.RUNNING and j.version == version
+
+    def complete(self, jid: str, version: int, now: float) -> bool:
+        if not self.due(jid, version):
             return False  # stale completion event
+        j = self.jobs[jid]
         self.integrate(now)
         self._progress(j, now)
         nodes = self._released(j, self.state.finish(jid, now))
