@@ -103,6 +103,9 @@ class ClusterSnapshot:
     containers_per_node: np.ndarray | None = None  # PS/worker containers per node, ``nodes`` order
     # ``telemetry`` as columns, where the backend measured it so (None: ``readings_of`` builds it)
     readings: ReadingTable | None = None
+    # a periodic round (every round of a backend that runs rounds on a period); False: a round
+    # the simulator runs between periods, on an arrival or a completion
+    periodic: bool = True
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

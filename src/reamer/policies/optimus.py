@@ -4,7 +4,9 @@
   (p, w, speed) points: synchronous ``steps/s = 1 / (θ0·M/w + θ1 + θ2·w/p + θ3·w + θ4·p)``
   with M the global batch (w × per-worker batch). Until a job has ``min_points`` distinct
   configurations, it walks through the small ``explore`` configurations, one per interval.
-* Every interval: every job (running, then queued in FIFO order) gets 1 PS + 1 worker if it
+* Every interval (its time slot: a round between slots, on an arrival or a completion, changes
+  nothing; a job that arrives waits for the next slot, as in the paper's scheduler): every job
+  (running, then queued in FIFO order) gets 1 PS + 1 worker if it
   fits; then repeatedly the job whose next task (a PS or a worker, whichever gains more)
   gives the largest reduction of remaining time per unit of that task's dominant resource
   share gets it; stop when the gain is ≤ 0 or the best task no longer fits. A job has at most
@@ -91,6 +93,7 @@ class Optimus:
         self.interval_s = interval_s
         self.jobs: dict[str, _Job] = {}
         self._free: FreeMap | None = None
+        self._slot: float | None = None  # when the last slot's allocation was made
         # the queue by request: a request the pool did not have room for is skipped for the round
         self._queue = RequestGroups(lambda s: (s.ps_res, s.worker_res))
 
@@ -99,8 +102,8 @@ class Optimus:
         if job.containers != st.seen:  # (the same containers: the same count, compared item by item)
             st.seen = job.containers
             p, w = len(job.of_role(Role.PS)), len(job.of_role(Role.WORKER))
-            if (p, w) != st.config:
-                st.config, st.since = (p, w), snap.now
+            if (p, w) != st.config:  # measured from the slot that changed it
+                st.config, st.since = (p, w), snap.now if self._slot is None else self._slot
                 return
         p, w = st.config
         tel = snap.telemetry.get(job.id)
@@ -162,6 +165,8 @@ class Optimus:
 
     # --------------------------------------------------------------- a round
     def decide(self, snap: ClusterSnapshot) -> list[Decision]:
+        if not snap.periodic:
+            return []  # between slots
         running = {j.id: j for j in snap.running}
         for jid in list(self.jobs):
             if jid not in running:
@@ -171,8 +176,9 @@ class Optimus:
             if st is None:
                 st = self.jobs[job.id] = _Job(since=snap.now)
             self._observe(job, st, snap)
-        if not snap.telemetry and not snap.queue:
-            return []  # between intervals only arrivals can change anything
+        self._slot = snap.now
+        if not snap.running and not snap.queue:
+            return []
         free = self._free = FreeMap(snap, self._free)
         tc, tm, tg = (float(x) for x in free.cap.sum(axis=0))
         pool = [0.0, 0.0, 0.0]  # free now + what the running jobs hold (as Σ of each job's allocated)

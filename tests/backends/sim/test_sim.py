@@ -161,6 +161,18 @@ def test_restart_pause_reports_no_telemetry_and_speed_counts_after_it():
     assert tel.speed == pytest.approx(c.jobs["j"].step.speed)
 
 
+def test_rounds_between_intervals_are_not_periodic():
+    """A snapshot says whether its round is one of the policy's intervals (telemetry due) or one
+    the simulator runs between them, on an arrival or a completion."""
+    c = SimCluster([Node("n0", 8, 8192)], CAL, np.random.default_rng(0), lambda jid, t, v: None,
+                   telemetry_interval_s=60.0)
+    c.arrive(TrainingJob("j", "resnet50", 0.0, 1e7, 1, 1, Resources(1, 512), Resources(2, 512)), 0.0)
+    assert not c.observe(0.0).periodic
+    assert not c.observe(30.0).periodic
+    assert c.observe(60.0).periodic
+    assert not c.observe(61.0).periodic
+
+
 def _crowded(nic_gbps=10.0):
     """Six network-heavy jobs (vgg16 on GPUs, one 1-core PS each): their workers on one node
     and their PS on another, so all their traffic shares those two nodes' NICs."""

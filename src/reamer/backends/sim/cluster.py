@@ -291,7 +291,7 @@ class SimCluster:
             queue = self._queue_view = tuple(self._queued.values())
         running = views.snapshot()
         tel, table = self._measure(now) if with_telemetry else ({}, None)
-        return self.state.snapshot(now, queue, running, tel, table)
+        return self.state.snapshot(now, queue, running, tel, table, with_telemetry)
 
     def _measure(self, now: float) -> tuple[Mapping[str, JobTelemetry], ReadingTable]:
         """Telemetry of each running job over its last interval, with seeded noise (one factor

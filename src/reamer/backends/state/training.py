@@ -290,13 +290,15 @@ class ClusterState:
         return grow
 
     def snapshot(self, now: float, queue: Sequence[JobView], running: Sequence[JobView],
-                 telemetry: Mapping[str, JobTelemetry], readings: ReadingTable | None = None) -> ClusterSnapshot:
-        """``readings``: ``telemetry`` as columns, where the backend measured it so."""
+                 telemetry: Mapping[str, JobTelemetry], readings: ReadingTable | None = None,
+                 periodic: bool = True) -> ClusterSnapshot:
+        """``readings``: ``telemetry`` as columns, where the backend measured it so; ``periodic``:
+        :attr:`ClusterSnapshot.periodic`."""
         rows, per_node = self._free_rows.copy(), self._per_node.copy()
         rows.flags.writeable = per_node.flags.writeable = False
         running = running if isinstance(running, tuple | ChunkedViews) else tuple(running)  # immutable as it is
         return ClusterSnapshot(now, self.nodes, FreeByNode(self._rows_of, rows), tuple(queue), running,
-                               MappingProxyType(telemetry), rows, per_node, readings)
+                               MappingProxyType(telemetry), rows, per_node, readings, periodic)
 
     # ------------------------------------------------------------------ booking
     def _job(self, jid: str, state: JobState) -> JobRecord:
