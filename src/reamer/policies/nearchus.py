@@ -53,7 +53,7 @@ from reamer.domain import (
 )
 from reamer.domain.readings import INFERENCE, PS, WORKER, ReadingTable, reading_by_container, readings_of
 from reamer.policies.diagnosis import BOTTLENECKS, DEFAULT_THRESHOLDS, Diagnoses, Diagnosis, Thresholds, diagnose_table
-from reamer.policies.placement import FreeMap, Strategy
+from reamer.policies.placement import FreeMap, Strategy, gang_order
 from reamer.policies.queue import RequestGroups
 
 
@@ -175,6 +175,7 @@ class Nearchus:
         self._nic_from: tuple[ReadingTable, FreeMap] | None = None
         self._nic_cap = np.zeros(0)
         self._nic_nodes: object = None
+        self._shape_memo: dict[tuple, list[tuple[tuple[Role, Resources], ...]]] = {}  # request -> _shapes
 
     @property
     def thresholds(self) -> Thresholds:
@@ -448,14 +449,19 @@ class Nearchus:
 
     # ---------------------------------------------------------- cluster level
     def _shapes(self, spec: TrainingJob) -> list[tuple[tuple[Role, Resources], ...]]:
-        """The request first, then smaller gangs down to 1 PS + 1 worker."""
-        shapes = []
-        for w in range(spec.workers, 0, -1):
-            for k in self.cfg.start_fractions:  # thinner containers first: per core they train faster
-                wr = spec.worker_res
-                wres = Resources(max(self.cfg.core_step, self._round(wr.cpu * k)), wr.mem_mib, wr.gpu)
-                shapes.append(((Role.PS, spec.ps_res),) * spec.ps + ((Role.WORKER, wres),) * w)
-        return list(dict.fromkeys(shapes))
+        """The request first, then smaller gangs down to 1 PS + 1 worker, each in
+        :func:`gang_order` (kept per request: the queue's head asks each round)."""
+        key = (spec.ps, spec.workers, spec.ps_res, spec.worker_res)
+        shapes = self._shape_memo.get(key)
+        if shapes is None:
+            shapes = []
+            for w in range(spec.workers, 0, -1):
+                for k in self.cfg.start_fractions:  # thinner containers first: per core they train faster
+                    wr = spec.worker_res
+                    wres = Resources(max(self.cfg.core_step, self._round(wr.cpu * k)), wr.mem_mib, wr.gpu)
+                    shapes.append(tuple(gang_order(((Role.PS, spec.ps_res),) * spec.ps + ((Role.WORKER, wres),) * w)))
+            shapes = self._shape_memo[key] = list(dict.fromkeys(shapes))
+        return shapes
 
     def _nic_util(self, t: ReadingTable, free: FreeMap) -> np.ndarray | None:
         """Per node: Σ measured throughput of its PS/worker containers ÷ the node's NIC (None:
@@ -508,7 +514,7 @@ class Nearchus:
                 if k > 0 and thin_ok is False:
                     thin_ok = self._nic_ok(free)
                 placed = free.place_gang(shape, self.cfg.placement, thin_ok if k > 0 else None, self.cfg.gpu_fit,
-                                         s.one_node)
+                                         s.one_node, ordered=True)
                 if placed is not None:
                     out.append(StartJob(job.id, placed))
                     self.jobs.pop(job.id, None)  # a restarted job's state goes to the end, new

@@ -236,11 +236,13 @@ class SimCluster:
         # at, the most one of them got beyond that): where the speed model extrapolated (_check_range)
         self.extrapolated: dict[str, tuple[float, float]] = {}
         # the views a snapshot shows, kept in the state's queue / running order; a running
-        # job's view is rebuilt when it is re-timed (``_stale``) or telemetry is due
+        # job's view is rebuilt when telemetry is due or its containers changed (``_reshaped``);
+        # ``_stale``: the jobs re-timed or changed since the last snapshot
         self._queued: dict[str, JobView] = {}
         self._queue_view: tuple[JobView, ...] | None = None  # _queued as a snapshot shows it (None: changed)
         self._running = RunningViews()  # in chunks: a snapshot copies only the chunks that changed
         self._stale: set[str] = set()
+        self._reshaped: set[str] = set()
         # (node, contended) -> node_use, until a step, burst or container there changes
         self._node_use: dict[tuple[str, bool], float] = {}
         # the model's work so far: re-timings that changed a running job's step; running jobs
@@ -279,13 +281,19 @@ class SimCluster:
         with_telemetry = now >= self.next_telemetry
         if with_telemetry:
             self.next_telemetry = now + (self.telemetry_interval_s or math.inf)
+        # Between telemetry rounds a view changes only with the job's containers (its progress
+        # shows as last measured); a re-timed job's progress is integrated to now all the same,
+        # so where the integration is split does not depend on which views a round rebuilds.
         views = self._running
+        shown = self._reshaped
         for jid in self.state.running if with_telemetry else self._stale:
             if jid in views:
                 j = self.jobs[jid]
                 self._progress(j, now)
-                views.set(jid, j.rec.view(j.done, now))
+                if with_telemetry or jid in shown:
+                    views.set(jid, j.rec.view(j.done, now))
         self._stale.clear()
+        shown.clear()
         queue = self._queue_view
         if queue is None:
             queue = self._queue_view = tuple(self._queued.values())
@@ -357,6 +365,7 @@ class SimCluster:
         j.host = self._host_link(j)
         if not isinstance(e, Stop):
             self._check_range(j)
+            self._reshaped.add(e.job)
         if isinstance(e, Launch):
             j.t_last = j.tel_since = now
             j.tel_done = j.done

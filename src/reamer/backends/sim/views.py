@@ -1,6 +1,6 @@
 """The simulator's running jobs' views, in launch order, kept so that a snapshot of them costs
 O(chunks + changed chunks), not O(running jobs): a round between two events changes the views
-of a few jobs (those re-timed, started or ended) among thousands running."""
+of a few jobs (those started, reshaped or ended) among thousands running."""
 
 from __future__ import annotations
 
