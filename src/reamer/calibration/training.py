@@ -72,7 +72,8 @@ def timed(fn: Callable[[], None], n: int) -> list[float]:
     return out
 
 
-def _step_fn(model: Any, x: Any, y: Any, opt: Any = None) -> Callable[[], None]:
+def step_fn(model: Any, x: Any, y: Any, opt: Any = None) -> Callable[[], None]:
+    """One training step per call: forward, cross-entropy backward, and ``opt``'s step if given."""
     import torch
 
     loss_fn = torch.nn.functional.cross_entropy
@@ -92,7 +93,7 @@ def measure_reference(rounds: int, steps: int, tick: Callable[[], None]) -> dict
 
     model, x, y = reference_cnn()
     flop = 3.0 * fwd_flops(model, x[:1]) * REF_BATCH
-    step = _step_fn(model, x, y, torch.optim.SGD(model.parameters(), lr=0.01))
+    step = step_fn(model, x, y, torch.optim.SGD(model.parameters(), lr=0.01))
     t: dict[int, list[float]] = {1: [], 2: []}
     for r in range(rounds + 1):  # interleaved short blocks; round 0 is warm-up
         for th in (1, 2):
@@ -154,7 +155,7 @@ def measure_models(names: list[str], nproc: int, seconds: float, rounds: int, ti
         model = build_model(name)
         x, y = synthetic_batch(MODEL_BATCH, seed=0)
         fwd = fwd_flops(model, x[:1])
-        step = _step_fn(model, x, y)
+        step = step_fn(model, x, y)
         torch.set_num_threads(1)
         timed(step, 3)  # warm-up
         rates: dict[int, list[float]] = {c: [] for c in cores}

@@ -54,26 +54,16 @@ def open_cgroups(root: Path = CGROUP_ROOT, prefix: str = PREFIX) -> tuple[Cgroup
 def _train_step(name: str, batch: int) -> Callable[[], None]:
     import torch
 
+    from reamer.calibration.training import reference_cnn, step_fn
+
     if name == "ref_cnn":
-        from reamer.calibration.training import reference_cnn
-
         model, x, y = reference_cnn(batch)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    else:
-        from reamer.workloads.real.nets import build_model, synthetic_batch
+        return step_fn(model, x, y, torch.optim.SGD(model.parameters(), lr=0.01))
+    from reamer.workloads.real.nets import build_model, synthetic_batch
 
-        model = build_model(name)
-        x, y = synthetic_batch(batch, seed=0)
-        opt = None
-    loss_fn = torch.nn.functional.cross_entropy
-
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        if opt is not None:
-            opt.step()
-
-    return step
+    model = build_model(name)
+    x, y = synthetic_batch(batch, seed=0)
+    return step_fn(model, x, y)
 
 
 class _Infer:
