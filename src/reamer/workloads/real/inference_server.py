@@ -334,7 +334,7 @@ def _batch_policy() -> None:
     """Put the calling thread (the event loop) under ``SCHED_BATCH``: still its fair share of
     the CPU, but its wake-ups (a packet, a connection) no longer preempt the batcher thread
     in the middle of ``session.run``. On one core at 3x overload this raised the goodput from
-    0.77 to 0.87 of capacity and cut the event loop's CPU from 0.26 to 0.20 cores (each
+    0.75 to 0.87 of capacity and cut the event loop's CPU from 0.26 to 0.20 cores (each
     preemption cost the model its caches; bench/overload.py, docs/inference_server.md); it
     delays the loop's answers by at most a scheduler slice, a few milliseconds."""
     try:
