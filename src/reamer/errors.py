@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class InputError(Exception):
     """Bad user input. ``str(err)`` is a single line: ``SOURCE: WHERE: expected ...``."""
@@ -15,3 +17,17 @@ class InputError(Exception):
         if got is not None:
             msg += f", got {got!r}"
         super().__init__(msg.replace("\n", " "))
+
+
+def read_user_text(path: str | Path, expected: str) -> str:
+    """The text of a user's file (UTF-8, a leading byte-order mark dropped); a missing,
+    unreadable or non-UTF-8 file is a one-line InputError naming it."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(str(p), "file", expected)
+    try:
+        return p.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise InputError(str(p), "file", expected, e.strerror) from None
+    except UnicodeDecodeError as e:
+        raise InputError(str(p), f"byte {e.start}", "UTF-8 text") from None

@@ -46,6 +46,31 @@ def test_not_a_mapping(tmp_path):
     assert "YAML mapping" in _err(tmp_path, "- 1\n- 2\n")
 
 
+POOL = "cluster:\n  node_pools:\n    - {name: a, count: 1, cores: 8, mem_gib: 32}\n"
+
+
+@pytest.mark.parametrize("workload, field", [
+    ("{kind: synthetic, workers: [4, 1]}", "got workers [4, 1]"),
+    ("{kind: synthetic, runtime_s: [120, 60]}", "got runtime_s [120.0, 60.0]"),
+    ("{kind: synthetic, ps: [0, 0]}", "workload.synthetic.ps.0"),
+])
+def test_synthetic_ranges_are_checked_before_any_job_is_drawn(tmp_path, workload, field):
+    msg = _err(tmp_path, POOL + f"workload: {workload}\n")
+    assert field in msg
+
+
+def test_a_seed_is_non_negative(tmp_path):
+    assert "field seed" in _err(tmp_path, POOL + "seed: -1\n")
+
+
+def test_a_file_that_is_not_utf8_names_the_file(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_bytes(b"\xc1\x00name: x\n")
+    with pytest.raises(InputError, match="expected UTF-8 text") as e:
+        load_scenario(p)
+    assert str(p) in str(e.value)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(InputError, match="existing scenario"):
         load_scenario(tmp_path / "nope.yaml")
@@ -93,6 +118,11 @@ def test_the_month_scenario_offers_what_its_header_says():
     sc = load_scenario(SCENARIOS / "month.yaml")
     assert _offered_cores(sc) == pytest.approx(0.80, abs=0.005)
     assert sc.workload.jobs * sc.workload.mean_interarrival_s == pytest.approx(30 * 86400, rel=1e-3)
+
+
+def test_the_embedded_default_offers_what_its_header_says():
+    """src/reamer/data/default.yaml: the month's job mix, one job every 150 s: ~112 % of the cores."""
+    assert _offered_cores(load_scenario(None)) == pytest.approx(1.12, abs=0.005)
 
 
 def test_the_paper_scenario_is_default_tfjobs_of_the_paper_s_models_at_its_stated_load():

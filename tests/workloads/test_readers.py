@@ -92,6 +92,26 @@ def test_joblist_errors(tmp_path, row, where):
         read_joblist(p, CAL, 10)
 
 
+def test_joblist_rejects_an_unknown_column(tmp_path):
+    p = tmp_path / "j.csv"
+    p.write_text(JOBS.replace("duration_s", "worker_gpus,duration_s") + "a,resnet50,0,1,1,1,1,1,60\n")
+    with pytest.raises(InputError, match="header: expected columns among .*got 'worker_gpus'"):
+        read_joblist(p, CAL, 10)
+
+
+def test_joblist_encoding(tmp_path):
+    """A spreadsheet's byte-order mark is dropped; a file that is not UTF-8 is one line naming it."""
+    bom, plain = tmp_path / "bom.csv", tmp_path / "plain.csv"
+    rows = JOBS + "a,resnet50,0,1,2,1,2,600\n"
+    bom.write_bytes(rows.encode("utf-8-sig"))
+    plain.write_text(rows)
+    assert read_joblist(bom, CAL, 10) == read_joblist(plain, CAL, 10)
+    utf16 = tmp_path / "utf16.csv"
+    utf16.write_bytes(rows.encode("utf-16"))
+    with pytest.raises(InputError, match="utf16.csv: byte 0: expected UTF-8 text"):
+        read_joblist(utf16, CAL, 10)
+
+
 def test_jsonl_bad_line(tmp_path):
     p = tmp_path / "j.jsonl"
     p.write_text("{not json}\n")

@@ -218,7 +218,7 @@ def simulate_command(
         "--harvest", parser=policy_parser("harvest", "--policy"),
         help="Harvesting policy for the scenario's inference: services; repeat to compare, each with every "
              "--policy (default: the scenario's policy.harvest)")] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Override the scenario's seed")] = None,
     json_out: JsonOut = None,
     report: Annotated[Path | None, typer.Option(help="Write an interactive HTML report")] = None,
     profiles: ProfilesOpt = None,

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reamer.errors import InputError
+from reamer.errors import InputError, read_user_text
 
 Pos = Annotated[float, Field(gt=0)]
 NonNeg = Annotated[float, Field(ge=0)]
@@ -30,7 +30,7 @@ class PolicySection(Strict):
     per-policy settings by name (each validated by that policy's config model)."""
 
     training: str = "static"  # the training policy (a name of reamer.policies.REGISTRY; overridden by --policy)
-    harvest: str | None = "reamer"  # None: no harvesting (inference services get no replicas from a policy)
+    harvest: str | None = "reamer"  # None: no harvesting (a local run only: a simulated inference: section needs one)
     interval_s: Pos = 60.0  # control interval of the policies that use telemetry
     telemetry_noise_pct: NonNeg = 3.0  # simulator only: std-dev of multiplicative measurement noise
     options: dict[str, dict[str, Any]] = {}  # per policy name, its settings (see the policy options below)
@@ -46,15 +46,15 @@ def validate(model: type[M], data: Any, source: str) -> M:
         got = err.get("input") if err["type"] != "missing" else None
         if isinstance(got, dict | list):
             got = None
-        raise InputError(source, f"field {where}", err["msg"].lower(), got) from None
+        msg = err["msg"].removeprefix("Value error, ")  # a model validator's own wording
+        raise InputError(source, f"field {where}", msg[:1].lower() + msg[1:], got) from None
 
 
 def read_yaml(p: Path, expected: str) -> Any:
     """The parsed YAML file ``p``; a missing file or bad YAML is a one-line InputError."""
-    if not p.is_file():
-        raise InputError(str(p), "file", expected)
+    text = read_user_text(p, expected)
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"

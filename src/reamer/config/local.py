@@ -64,7 +64,7 @@ class LocalPolicySection(PolicySection):
 
 class LocalScenario(Strict):
     name: str = "local"  # shown in outputs
-    seed: int = 0  # seeds the load generator
+    seed: Annotated[int, Field(ge=0)] = 0  # seeds the load generator
     max_s: Pos = 180.0  # the run stops after this long
     hosts: Annotated[list[HostSpec], Field(min_length=1)]  # the testbed hosts
     jobs: list[LocalJobSpec] = []  # PS training jobs

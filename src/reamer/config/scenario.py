@@ -48,7 +48,7 @@ class Cluster(Strict):
     overrides: list[NodeOverride] = []  # per-node changes to the pool values
     # A job pauses this long when its PS/worker set changes (checkpoint + restart of PS
     # training); resizing a container's CPU is live. An assumption for the zoo's large models
-    # (the local backend measures 6-11 s for its 78k-parameter job, docs/results.md).
+    # (the local backend measures 3.2-8.5 s for its 78k-parameter job, docs/results.md).
     restart_s: NonNeg = 30.0
 
     @model_validator(mode="after")
@@ -56,6 +56,9 @@ class Cluster(Strict):
         if not self.node_pools and self.node_list is None:
             raise ValueError("a cluster needs node_pools or node_list")
         return self
+
+
+Count = Annotated[int, Field(ge=1)]
 
 
 class Synthetic(Strict):
@@ -66,13 +69,22 @@ class Synthetic(Strict):
     mean_interarrival_s: Pos = 120.0  # Poisson arrivals
     models: list[str] = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121",
                          "nasnet_mobile", "bert_base", "vit_b16", "bilstm"]  # zoo models, uniform choice
-    workers: tuple[int, int] = (1, 4)  # uniform integer range, inclusive
-    ps: tuple[int, int] = (1, 2)  # uniform integer range, inclusive
+    workers: tuple[Count, Count] = (1, 4)  # uniform integer range, inclusive
+    ps: tuple[Count, Count] = (1, 2)  # uniform integer range, inclusive
     worker_cores: list[Pos] = [1.0, 2.0, 4.0]  # uniform choice
     ps_cores: list[Pos] = [1.0, 2.0]  # uniform choice
     container_mem_gib: Pos = 4.0  # memory of each PS / worker container
     gpus_per_worker: NonNeg = 0.0  # GPU share per worker (0 = CPU training)
     runtime_s: tuple[Pos, Pos] = (600.0, 7200.0)  # log-uniform runtime at the user's request
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Synthetic:
+        for name in ("workers", "ps", "runtime_s"):
+            low, high = getattr(self, name)
+            if low > high:
+                raise ValueError(f"ranges [low, high] of workers, ps and runtime_s with low <= high "
+                                 f"(got {name} [{low}, {high}])")
+        return self
 
 
 class Openb(Strict):
@@ -92,6 +104,12 @@ class Openb(Strict):
     pod_phases: list[str] | None = None  # keep only pods that ended in these phases (None: all)
     models: list[str] = ["resnet50", "vgg16", "inception_v3", "mobilenet_v2", "densenet121",
                          "bert_base", "vit_b16", "gpt2_small"]  # zoo models assigned to pods (seeded choice)
+
+    @model_validator(mode="after")
+    def _clip(self) -> Openb:
+        if self.min_duration_s > self.max_duration_s:
+            raise ValueError(f"min_duration_s <= max_duration_s (got {self.min_duration_s} > {self.max_duration_s})")
+        return self
 
 
 class JobList(Strict):
@@ -198,7 +216,7 @@ class InferenceSection(Strict):
 
 class Scenario(Strict):
     name: str = "scenario"  # shown in outputs
-    seed: int = 0  # seeds the workload, noise and rates (overridden by --seed)
+    seed: Annotated[int, Field(ge=0)] = 0  # seeds the workload, noise and rates (overridden by --seed)
     horizon_s: Pos | None = None  # stop at this simulated time; None = when every job is done (inference rates: 1 day)
     cluster: Cluster  # the nodes
     workload: Workload = Synthetic()  # the training jobs

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from reamer.config.base import Fraction, NonNeg, Pos, Strict, validate
-from reamer.errors import InputError
+from reamer.errors import InputError, read_user_text
 from reamer.models.inference import InferenceProfile
 from reamer.models.training import Calibration, ModelProfile
 from reamer.models.zoo import ZOO
@@ -188,10 +188,7 @@ def read_profile_json(path: str | Path | None) -> tuple[Any, str]:
     if path is None:
         return json.loads(resources.files("reamer.data").joinpath("profiles.json").read_text()), SHIPPED
     source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise InputError(source, "file", "a readable profile JSON file", e.strerror) from None
+    text = read_user_text(path, "a readable profile JSON file")
     try:
         return json.loads(text), source
     except json.JSONDecodeError as e:

@@ -81,7 +81,7 @@ class NearchusConfig(BaseModel):
     reclaim: bool = True
     start_fractions: list[float] = [1.0, 0.5, 0.25]  # worker CPU shares tried when the request does not fit
     nic_headroom: bool = True  # added PS/workers and thin starts only on nodes whose measured NIC use < net_saturation
-    grow_while_gpu_blocked: bool = True  # jobs may grow CPU / add PS while the head waits only for a GPU share
+    grow_while_gpu_blocked: bool = True  # head waits only for a GPU share: jobs may grow CPU, add PS, CPU workers
     restore: bool = False  # queue empty: give jobs started thin / squeezed their request back at once (measured: no better than growth by efficiency)
     outscale: bool = True  # ablation: False = vertical scaling only
     stabilize: bool = True  # ablation: False = act on every interval's raw sample

@@ -180,6 +180,7 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
 
 
 JOBLIST_COLUMNS = ["id", "model", "arrival_s", "ps", "workers", "ps_cpu", "worker_cpu"]
+JOBLIST_OPTIONAL = ["ps_mem_mib", "worker_mem_mib", "worker_gpu", "batch", "samples", "duration_s"]
 
 
 def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
@@ -187,8 +188,14 @@ def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, 
     jobs = []
     seen: set[str] = set()
     speeds: dict[tuple, float] = {}
+    known = set(JOBLIST_COLUMNS + JOBLIST_OPTIONAL)
     for i, row in read_rows(path, JOBLIST_COLUMNS):
         where = f"line {i}" if path.suffix == ".jsonl" else f"row {i}"
+        unknown = row.keys() - known  # a misspelt optional column would silently take its default
+        if unknown:
+            raise InputError(str(path), where if path.suffix == ".jsonl" else "header",
+                             f"columns among {', '.join(JOBLIST_COLUMNS + JOBLIST_OPTIONAL)}",
+                             ", ".join(sorted(unknown)))
         jid = row["id"].strip()
         if not jid or jid in seen:
             raise InputError(str(path), f"{where}, field id", "a unique, non-empty job id", jid)

@@ -15,10 +15,14 @@ def read_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict[str, 
     """Yield ``(row_number, row)`` of a CSV (header = row 1) or JSONL file (line numbers)."""
     if not path.is_file():
         raise InputError(str(path), "file", "an existing file")
-    if path.suffix == ".jsonl":
-        yield from _jsonl(path, required)
-        return
-    with path.open(newline="") as f:
+    try:
+        yield from _jsonl(path, required) if path.suffix == ".jsonl" else _csv(path, required)
+    except UnicodeDecodeError as e:
+        raise InputError(str(path), f"byte {e.start}", "UTF-8 text") from None
+
+
+def _csv(path: Path, required: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is dropped
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
         missing = [c for c in required if c not in header]
@@ -31,7 +35,7 @@ def read_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict[str, 
 
 
 def _jsonl(path: Path, required: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    with path.open() as f:
+    with path.open(encoding="utf-8-sig") as f:
         for i, line in enumerate(f, start=1):
             if not line.strip():
                 continue
