@@ -24,7 +24,7 @@ def read_user_text(path: str | Path, expected: str) -> str:
     unreadable or non-UTF-8 file is a one-line InputError naming it."""
     p = Path(path)
     if not p.is_file():
-        raise InputError(str(p), "file", expected)
+        raise InputError(str(p), "file", expected, "a directory" if p.is_dir() else None)
     try:
         return p.read_text(encoding="utf-8-sig")
     except OSError as e:

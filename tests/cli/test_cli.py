@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -65,6 +66,18 @@ def test_missing_column_in_job_list(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_busy_dashboard_port_fails_before_the_run_and_its_outputs(tmp_path):
+    import socket
+
+    with socket.socket() as taken:  # a real port on loopback, held by another socket
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        report = tmp_path / "r.html"
+        _bad(tmp_path, "--dashboard", "--dashboard-port", port, "--report", str(report), where="--dashboard-port")
+        assert not report.exists()
+
+
 def test_demo_runs_and_writes_report(tmp_path):
     """The simulated half (the real half: tests/backends/local/test_session.py); ``--json -``:
     the JSON alone on stdout, the tables on stderr."""
@@ -89,6 +102,23 @@ def test_local_rejects_a_bad_scenario_in_one_line(tmp_path):
     assert r.exit_code == 2, r.output
     assert "field hosts.0.cores" in r.output and "greater than 0" in r.output
     assert not (tmp_path / "r.html").exists()
+
+
+def test_local_checks_its_policy_before_it_touches_the_machine(tmp_path, monkeypatch):
+    """An unknown policy is bad input before the machine probe (which writes a test cgroup)."""
+    import yaml
+
+    from reamer.backends.local import session
+
+    probed = []
+    monkeypatch.setattr(session, "unavailable", lambda: probed.append(1) or "not probed in this test")
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "src/reamer/data/local.yaml").read_text())
+    doc["policy"]["training"] = "bogus"
+    p = tmp_path / "l.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    r = run("local", str(p), "--report", str(tmp_path / "r.html"))
+    assert r.exit_code == 2, r.output
+    assert "field policy.training" in r.output and "bogus" in r.output and not probed
 
 
 def test_identical_across_processes_and_hash_seeds(tmp_path):

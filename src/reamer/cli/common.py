@@ -136,6 +136,10 @@ def error_line(exc: BaseException) -> tuple[str, int]:
         ctx = getattr(exc, "ctx", None)
         see = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         return exc.format_message().replace("\n", " ") + see, getattr(exc, "exit_code", EXIT_INPUT)
+    pool = getattr(exc, "pool", None)
+    if type(exc).__name__ == "MaxRetryError" and pool is not None:  # urllib3 (the Kubernetes client): no server there
+        why = str(getattr(exc, "reason", None) or exc).rsplit(": ", 1)[-1]
+        return f"cannot reach the server at {pool.host}:{pool.port} ({why})", EXIT_RUNTIME
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return f"{where}{exc.strerror or exc}".replace("\n", " "), EXIT_RUNTIME

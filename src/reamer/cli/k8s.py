@@ -22,10 +22,11 @@ log = logging.getLogger(__name__)
 
 Kubeconfig = Annotated[str | None, typer.Option(help="kubeconfig file (default: in-cluster, then ~/.kube/config)")]
 Namespace = Annotated[str, typer.Option("--namespace", "-n", help="namespace of the TrainingJobs / InferenceServices")]
-Interval = Annotated[float, typer.Option(help="seconds between control rounds")]
-MetricsPort = Annotated[int | None, typer.Option(help="serve /metrics /healthz /readyz on this port (0: any free)")]
+Interval = Annotated[float, typer.Option(min=0.1, help="seconds between control rounds")]
+MetricsPort = Annotated[int | None, typer.Option(min=0, max=65535, help="serve /metrics /healthz /readyz on this port "
+                                                                        "(0: any free)")]
 MetricsHost = Annotated[str, typer.Option(help="address for --metrics-port (loopback unless told)")]
-DashboardPort = Annotated[int | None, typer.Option(help="serve the live dashboard on this port (0: any free; "
+DashboardPort = Annotated[int | None, typer.Option(min=0, max=65535, help="serve the live dashboard on this port (0: any free; "
                                                         "bound to --metrics-host)")]
 CrashAt = Annotated[list[str] | None, typer.Option(hidden=True, help="fault injection for restart tests: POINT[:N]")]
 
@@ -43,10 +44,12 @@ def crds() -> list[dict]:
 def _connect(kubeconfig: str | None):
     from reamer.backends.k8s.kube import Kube
 
+    if kubeconfig is not None and not Path(kubeconfig).is_file():
+        raise InputError(kubeconfig, "file", "an existing kubeconfig file")
     try:
         return Kube.connect(kubeconfig)
-    except Exception as e:  # a missing or broken kubeconfig: one line, exit 2
-        raise InputError(kubeconfig or "kubeconfig", "file", "a readable kubeconfig", str(e)) from None
+    except Exception as e:  # a broken kubeconfig: one line, exit 2
+        raise InputError(kubeconfig or "kubeconfig", "file", "a readable kubeconfig", " ".join(str(e).split())) from None
 
 
 def _serve(component: str, interval_s: float, port: int | None, host: str, ready, stream=None):
@@ -126,9 +129,9 @@ def install_crds(kubeconfig: Kubeconfig = None,
     print(json.dumps(done) if json_out else "\n".join(f"{k}: {v}" for k, v in done.items()))
 
 
-Stale = Annotated[float, typer.Option(help="seconds after which a node's NodeSlack is no evidence of slack")]
+Stale = Annotated[float, typer.Option(min=0.0, help="seconds after which a node's NodeSlack is no evidence of slack")]
 MaxMoves = Annotated[int, typer.Option(min=1, help="migrations + evictions per round")]
-Rounds = Annotated[int | None, typer.Option(help="stop after this many rounds")]
+Rounds = Annotated[int | None, typer.Option(min=1, help="stop after this many rounds")]
 
 
 def _harvester(kube, inf, namespace: str, policy: str, stale: float, max_moves: int, interval: float, fault,
@@ -155,7 +158,7 @@ def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", 
                    parser=policy_parser("harvest", "--policy"),
                    help="also run this harvesting policy in the same process (joint rounds; no separate "
                         "scheduler)")] = None,
-               yield_timeout: Annotated[float, typer.Option(help="seconds a grown pod waits for inference to "
+               yield_timeout: Annotated[float, typer.Option(min=0.0, help="seconds a grown pod waits for inference to "
                                                                  "leave its node")] = 60.0,
                stale: Stale = 30.0, max_moves: MaxMoves = 5,
                metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
@@ -233,7 +236,7 @@ def agent(node: Annotated[str, typer.Option(help="this node's name (the DaemonSe
           kubeconfig: Kubeconfig = None, interval: Interval = 5.0,
           cgroup_root: Annotated[Path, typer.Option(help="the node's cgroup mount")] = Path("/sys/fs/cgroup"),
           proc_root: Annotated[Path, typer.Option(help="the node's /proc")] = Path("/proc"),
-          system_reserved: Annotated[float, typer.Option(help="cores kept for the system")] = 1.0,
+          system_reserved: Annotated[float, typer.Option(min=0.0, help="cores kept for the system")] = 1.0,
           metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
           rounds: Rounds = None) -> None:
     """Measure this node's pods (cgroups, network, their metrics) and publish its NodeSlack."""

@@ -34,6 +34,8 @@ from reamer.errors import InputError
 from reamer.logs import configure
 
 if TYPE_CHECKING:
+    import socket
+
     from rich.table import Table
 
     from reamer.config.scenario import Scenario
@@ -252,12 +254,18 @@ def simulate_command(
             for h in harvests:
                 harvest_policy(sc.policy, sc.source, prof.inference, sc.inference.interval_s, h)
         runs = [(n, h) for n in names for h in harvests]
-        stream = None
+        stream = sock = None
         if dashboard:
             if len(runs) != 1:
                 raise InputError("--dashboard", "value", "one --policy (and one --harvest) to replay",
                                  f"{len(runs)} runs asked for")
+            from reamer.dashboard import listen
             from reamer.runtime.rounds import RoundStream
+
+            try:  # the port is taken now, so a busy one fails before the run and its outputs
+                sock = listen(dashboard_host, dashboard_port)
+            except OSError as e:
+                raise InputError("--dashboard-port", "value", f"a free port on {dashboard_host}", str(e)) from None
 
             stream = RoundStream({"scenario": sc.name, "backend": "simulator", "policy": runs[0][0],
                                   "harvest": runs[0][1] or (sc.policy.harvest if sc.inference else None)})
@@ -277,11 +285,11 @@ def simulate_command(
         write_report(report, f"Reamer: {sc.name}, seed {sc.seed}", results, **({"table": _colo_rows(results)}
                                                                                 if colo else {}))
         console.print(f"report: {report}")
-    if stream is not None:
-        _replay(stream, dashboard_host, dashboard_port, replay_s)
+    if stream is not None and sock is not None:
+        _replay(stream, sock, replay_s)
 
 
-def _replay(stream: RoundStream, host: str, port: int, replay_s: float) -> None:
+def _replay(stream: RoundStream, sock: socket.socket, replay_s: float) -> None:
     """Serve ``stream`` (a finished simulated run) on the dashboard, replayed over ``replay_s``
     seconds, until Ctrl-C."""
     import time
@@ -292,11 +300,7 @@ def _replay(stream: RoundStream, host: str, port: int, replay_s: float) -> None:
     span = got[-1]["t"] - got[0]["t"] if len(got) > 1 else 0.0
     stream.finish()
     stream.replay(max(span / replay_s, 1e-9))
-    with _errors():
-        try:
-            dash = serve(stream, host, port)
-        except OSError as e:
-            raise InputError("--dashboard-port", "value", f"a free port on {host}", str(e)) from None
+    dash = serve(stream, sock=sock)
     console.print(f"dashboard: {dash.url} (replaying {len(got)} rounds, {span:,.0f} simulated s, in "
                   f"{replay_s:g} s; Ctrl-C to stop)", highlight=False)
     try:
@@ -400,12 +404,16 @@ def local_command(
     from reamer.config.local import load_local
     from reamer.models.profiles import load_profiles
     from reamer.reports.results import run_entry
+    from reamer.runtime.policies import harvest_policy, training_policy
 
     with _errors():
         check_output(json_out, "--json")
         check_output(report, "--report", stdout_ok=False)
         sc = load_local(scenario)
         prof = load_profiles(profiles)
+        training_policy(sc.policy, sc.source)  # the policies' names and options, before the machine is touched
+        if sc.services and sc.policy.harvest is not None:
+            harvest_policy(sc.policy, sc.source, prof.inference, sc.policy.interval_s)
         reason = unavailable()
         if reason is not None:
             raise InputError("reamer local", "machine", "root, writable cgroups, iproute2, torch, onnxruntime", reason)

@@ -2,6 +2,6 @@
 (:class:`reamer.runtime.rounds.RoundStream`) of a simulated (replayed), local or Kubernetes
 run and draws it in the browser as rounds happen."""
 
-from reamer.dashboard.app import Dashboard, create_app, serve
+from reamer.dashboard.app import Dashboard, create_app, listen, serve
 
-__all__ = ["Dashboard", "create_app", "serve"]
+__all__ = ["Dashboard", "create_app", "listen", "serve"]

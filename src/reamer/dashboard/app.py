@@ -102,16 +102,28 @@ class Dashboard:
         self._thread.join(timeout_s)
 
 
+def listen(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening socket on ``host:port`` (0: a free port); a busy port is an OSError now, so a
+    caller can check it before the work whose dashboard it serves."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(stream: RoundStream, host: str = "127.0.0.1", port: int = 0, poll_ms: int = 1000,
-          timeout_s: float = 10.0) -> Dashboard:
-    """Serve the dashboard of ``stream`` on ``host:port`` (0: a free port) in a daemon thread;
-    returns once it accepts connections."""
+          timeout_s: float = 10.0, sock: socket.socket | None = None) -> Dashboard:
+    """Serve the dashboard of ``stream`` on ``sock`` (default: :func:`listen` on ``host:port``)
+    in a daemon thread; returns once it accepts connections."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))  # bound here, so a busy port is an error now, not in a thread
-    sock.listen(128)
+    if sock is None:
+        sock = listen(host, port)  # bound here, so a busy port is an error now, not in a thread
     port = sock.getsockname()[1]
     config = uvicorn.Config(create_app(stream, poll_ms), log_level="warning", access_log=False,
                             lifespan="off", loop="asyncio", http="h11")

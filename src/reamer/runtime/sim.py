@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +24,7 @@ from reamer.backends.sim.engine import Ev, EventQueue
 from reamer.backends.sim.inference import SimInference
 from reamer.config.scenario import Scenario
 from reamer.control import HarvestPolicy, Policy, Round, control_round, harvest_round, joint_round
-from reamer.domain import JobState, TrainingJob
+from reamer.domain import JobState, Node, Resources, TrainingJob
 from reamer.models.profiles import Interference, Profiles, shipped_profiles
 from reamer.models.training import Calibration
 from reamer.runtime.policies import harvest_policy, training_policy
@@ -78,6 +78,27 @@ COMPACT_AT = 4096  # queued events beyond twice the live ones before the superse
 SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_alloc_pct", "gpu_alloc_pct")
 
 
+def _warn_oversized(jobs: Sequence[TrainingJob], nodes: Sequence[Node]) -> None:
+    """Log the jobs whose PS or worker request fits no node: they wait until a policy shrinks
+    them (``static`` never does), as a pod that fits no node stays Pending."""
+    shapes = {(n.cores, n.mem_mib, n.gpus) for n in nodes}
+    fits: dict[Resources, bool] = {}
+    bad = []
+    for j in jobs:
+        for res in (j.ps_res, j.worker_res):
+            ok = fits.get(res)
+            if ok is None:
+                ok = fits[res] = any(res.cpu <= c and res.mem_mib <= m and res.gpu <= g for c, m, g in shapes)
+            if not ok:
+                bad.append((j.id, res))
+                break
+    if bad:
+        jid, res = bad[0]
+        log.warning("%d of %d jobs request a container that fits no node (first: %s, %g cores, %g MiB, %g GPUs); "
+                    "they start only under a policy that shrinks them", len(bad), len(jobs), jid, res.cpu,
+                    res.mem_mib, res.gpu)
+
+
 def simulate(
     sc: Scenario,
     policy: str | Policy | None = None,
@@ -116,6 +137,7 @@ def simulate(
     nodes = build_nodes(sc)
     if jobs is None:
         jobs = build_jobs(sc, nodes, cal, rng_workload, prof.models)
+    _warn_oversized(jobs, nodes)
     if policy is None or isinstance(policy, str):
         policy = training_policy(sc.policy, sc.source, policy)
     th = thresholds_of(policy)

@@ -34,6 +34,33 @@ def test_bad_kubeconfig_is_one_line_and_exit_2(tmp_path):
     p = subprocess.run([REAMER, "k8s", "controller", "--policy", "reamer", "--kubeconfig", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--policy" in p.stderr and "training policies" in p.stderr
+    p = subprocess.run([REAMER, "k8s", "controller", "--kubeconfig", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip() == f"error: {tmp_path / 'nope'}: file: expected an existing kubeconfig file"
+    p = subprocess.run([REAMER, "k8s", "agent", "--node", "n", "--interval", "0", "--kubeconfig", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--interval" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_an_api_server_that_is_not_there_is_one_line_exit_1(tmp_path):
+    """Nothing listens on the kubeconfig's port (a real TCP refusal on loopback)."""
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    p = subprocess.run([REAMER, "k8s", "install-crds", "--kubeconfig", str(kc)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.startswith(f"error: cannot reach the server at 127.0.0.1:{port} (") and "Traceback" not in p.stderr
 
 
 def test_controller_serves_health_and_metrics(kube, ns, devcluster):
