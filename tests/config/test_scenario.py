@@ -138,3 +138,8 @@ def test_the_paper_scenario_is_default_tfjobs_of_the_paper_s_models_at_its_state
     assert len(jobs) == 150 and {(j.ps, j.workers, j.ps_res.cpu, j.worker_res.cpu) for j in jobs} == {(2, 4, 1, 1)}
     assert {j.model for j in jobs} == set(sc.workload.models)
     assert all(m.endswith("_cifar10") or m == "bilstm" for m in sc.workload.models)
+
+
+def test_a_key_given_twice_is_an_error_not_a_silent_override(tmp_path):
+    msg = _err(tmp_path, POOL + "seed: 1\nseed: 2\n")
+    assert "line 5" in msg and "the key 'seed' given twice" in msg

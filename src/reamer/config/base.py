@@ -50,11 +50,27 @@ def validate(model: type[M], data: Any, source: str) -> M:
         raise InputError(source, f"field {where}", msg[:1].lower() + msg[1:], got) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error (the second would
+    silently win)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(p: Path, expected: str) -> Any:
-    """The parsed YAML file ``p``; a missing file or bad YAML is a one-line InputError."""
+    """The parsed YAML file ``p``; a missing file, bad YAML or a key given twice is a one-line
+    InputError."""
     text = read_user_text(p, expected)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
