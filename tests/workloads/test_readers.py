@@ -108,7 +108,7 @@ def test_joblist_encoding(tmp_path):
     assert read_joblist(bom, CAL, 10) == read_joblist(plain, CAL, 10)
     utf16 = tmp_path / "utf16.csv"
     utf16.write_bytes(rows.encode("utf-16"))
-    with pytest.raises(InputError, match="utf16.csv: byte 0: expected UTF-8 text"):
+    with pytest.raises(InputError, match="utf16.csv: encoding: expected UTF-8 text"):
         read_joblist(utf16, CAL, 10)
 
 

@@ -124,7 +124,7 @@ def serve(stream: RoundStream, host: str = "127.0.0.1", port: int = 0, poll_ms: 
 
     if sock is None:
         sock = listen(host, port)  # bound here, so a busy port is an error now, not in a thread
-    port = sock.getsockname()[1]
+    host, port = sock.getsockname()[:2]
     config = uvicorn.Config(create_app(stream, poll_ms), log_level="warning", access_log=False,
                             lifespan="off", loop="asyncio", http="h11")
     server = uvicorn.Server(config)  # in a thread: it leaves signals to the run

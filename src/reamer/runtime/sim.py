@@ -88,7 +88,8 @@ def _warn_oversized(jobs: Sequence[TrainingJob], nodes: Sequence[Node]) -> None:
         for res in (j.ps_res, j.worker_res):
             ok = fits.get(res)
             if ok is None:
-                ok = fits[res] = any(res.cpu <= c and res.mem_mib <= m and res.gpu <= g for c, m, g in shapes)
+                ok = fits[res] = any(res.cpu <= c + 1e-9 and res.mem_mib <= m + 1e-9 and res.gpu <= g + 1e-9
+                                     for c, m, g in shapes)  # the placement's tolerance
             if not ok:
                 bad.append((j.id, res))
                 break

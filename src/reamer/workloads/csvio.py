@@ -18,7 +18,7 @@ def read_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict[str, 
     try:
         yield from _jsonl(path, required) if path.suffix == ".jsonl" else _csv(path, required)
     except UnicodeDecodeError as e:
-        raise InputError(str(path), f"byte {e.start}", "UTF-8 text") from None
+        raise InputError(str(path), "encoding", "UTF-8 text") from None  # (e.start counts within a read chunk)
 
 
 def _csv(path: Path, required: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
