@@ -23,11 +23,11 @@ def read_user_text(path: str | Path, expected: str) -> str:
     """The text of a user's file (UTF-8, a leading byte-order mark dropped); a missing,
     unreadable or non-UTF-8 file is a one-line InputError naming it."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists() or p.is_dir():  # (a pipe, such as /dev/stdin, is read like a file)
         raise InputError(str(p), "file", expected, "a directory" if p.is_dir() else None)
     try:
         return p.read_text(encoding="utf-8-sig")
     except OSError as e:
         raise InputError(str(p), "file", expected, e.strerror) from None
-    except UnicodeDecodeError as e:
-        raise InputError(str(p), f"byte {e.start}", "UTF-8 text") from None
+    except UnicodeDecodeError:
+        raise InputError(str(p), "encoding", "UTF-8 text") from None

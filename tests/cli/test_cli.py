@@ -65,7 +65,6 @@ def test_missing_column_in_job_list(tmp_path):
     _bad(tmp_path, str(p), where="missing ps")
 
 
-@pytest.mark.slow
 def test_a_busy_dashboard_port_fails_before_the_run_and_its_outputs(tmp_path):
     import socket
 
@@ -78,6 +77,7 @@ def test_a_busy_dashboard_port_fails_before_the_run_and_its_outputs(tmp_path):
         assert not report.exists()
 
 
+@pytest.mark.slow
 def test_demo_runs_and_writes_report(tmp_path):
     """The simulated half (the real half: tests/backends/local/test_session.py); ``--json -``:
     the JSON alone on stdout, the tables on stderr."""

@@ -143,3 +143,11 @@ def test_the_paper_scenario_is_default_tfjobs_of_the_paper_s_models_at_its_state
 def test_a_key_given_twice_is_an_error_not_a_silent_override(tmp_path):
     msg = _err(tmp_path, POOL + "seed: 1\nseed: 2\n")
     assert "line 5" in msg and "the key 'seed' given twice" in msg
+
+
+def test_yaml_merge_keys_still_load(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("cluster:\n  node_pools:\n    - &cpu {name: a, count: 1, cores: 8, mem_gib: 32}\n"
+                 "    - <<: *cpu\n      name: b\n      cores: 16\n")
+    pools = load_scenario(p).cluster.node_pools
+    assert [(x.name, x.cores, x.mem_gib) for x in pools] == [("a", 8, 32), ("b", 16, 32)]

@@ -36,13 +36,24 @@ def test_policy_finishes_every_scenario(tmp_path, policy, shared_data_or_none):
         assert max(r.series["cpu_alloc_pct"]) <= 100 + 1e-6
 
 
-def test_a_job_that_fits_no_node_is_named_in_a_warning_and_left_unfinished(caplog):
+def test_a_job_that_fits_no_node_is_named_in_a_warning_and_left_unfinished():
+    import logging
+
     sc = parse_scenario({"name": "big", "seed": 1,
                          "cluster": {"node_pools": [{"name": "cpu", "count": 1, "cores": 8, "mem_gib": 32}]},
                          "workload": {"kind": "synthetic", "jobs": 3, "worker_cores": [64], "ps_cores": [1],
                                       "workers": [1, 1], "runtime_s": [60, 120]}}, "big.yaml")
-    with caplog.at_level("WARNING", logger="reamer.runtime.sim"):
+    # a handler of its own on the module's logger: the CLI's logging setup (other tests) may
+    # have changed the package logger's handlers and propagation
+    logger, records = logging.getLogger("reamer.runtime.sim"), []
+    handler, level = logging.Handler(logging.WARNING), logger.level
+    handler.emit = records.append
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
         r = simulate(sc, "static")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     assert r.metrics["unfinished"] == 3
-    assert [rec.getMessage().split(" (")[0] for rec in caplog.records] == [
-        "3 of 3 jobs request a container that fits no node"]
+    assert [rec.getMessage().split(" (")[0] for rec in records] == ["3 of 3 jobs request a container that fits no node"]

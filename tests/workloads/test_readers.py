@@ -99,6 +99,16 @@ def test_joblist_rejects_an_unknown_column(tmp_path):
         read_joblist(p, CAL, 10)
 
 
+def test_joblist_accepts_a_spreadsheet_s_trailing_comma(tmp_path):
+    p, q = tmp_path / "trailing.csv", tmp_path / "plain.csv"
+    p.write_text(JOBS.rstrip("\n") + ",\na,resnet50,0,1,2,1,2,600,\n")
+    q.write_text(JOBS + "a,resnet50,0,1,2,1,2,600\n")
+    assert read_joblist(p, CAL, 10) == read_joblist(q, CAL, 10)
+    p.write_text(JOBS.rstrip("\n") + ",\na,resnet50,0,1,2,1,2,600,7\n")  # a value under no name
+    with pytest.raises(InputError, match="a column without a name"):
+        read_joblist(p, CAL, 10)
+
+
 def test_joblist_encoding(tmp_path):
     """A spreadsheet's byte-order mark is dropped; a file that is not UTF-8 is one line naming it."""
     bom, plain = tmp_path / "bom.csv", tmp_path / "plain.csv"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -44,8 +45,8 @@ def crds() -> list[dict]:
 def _connect(kubeconfig: str | None):
     from reamer.backends.k8s.kube import Kube
 
-    if kubeconfig is not None and not Path(kubeconfig).is_file():
-        raise InputError(kubeconfig, "file", "an existing kubeconfig file")
+    if kubeconfig and os.pathsep not in kubeconfig and not Path(kubeconfig).expanduser().exists():
+        raise InputError(kubeconfig, "file", "an existing kubeconfig file")  # (a list a:b is the client's to merge)
     try:
         return Kube.connect(kubeconfig)
     except Exception as e:  # a broken kubeconfig: one line, exit 2

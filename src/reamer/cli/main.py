@@ -269,8 +269,13 @@ def simulate_command(
 
             stream = RoundStream({"scenario": sc.name, "backend": "simulator", "policy": runs[0][0],
                                   "harvest": runs[0][1] or (sc.policy.harvest if sc.inference else None)})
-        results = run_policies(sc, runs, prof, quiet, track=6 if report else 0,
-                               on_round=stream.publish if stream is not None else None)
+        try:
+            results = run_policies(sc, runs, prof, quiet, track=6 if report else 0,
+                                   on_round=stream.publish if stream is not None else None)
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
     out = human(json_out)
     colo = sc.inference is not None
     if not quiet:

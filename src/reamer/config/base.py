@@ -57,8 +57,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge key (<<: *anchor) or a complex key: YAML's own rules
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str | int | float | bool) and key in seen:
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} given twice",
                                                         key_node.start_mark)
             seen.add(key)

@@ -191,11 +191,13 @@ def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, 
     known = set(JOBLIST_COLUMNS + JOBLIST_OPTIONAL)
     for i, row in read_rows(path, JOBLIST_COLUMNS):
         where = f"line {i}" if path.suffix == ".jsonl" else f"row {i}"
-        unknown = row.keys() - known  # a misspelt optional column would silently take its default
+        # a misspelt optional column would silently take its default (an unnamed, empty one is a
+        # spreadsheet's trailing comma)
+        unknown = {k for k in row.keys() - known if k or row[k].strip()}
         if unknown:
             raise InputError(str(path), where if path.suffix == ".jsonl" else "header",
                              f"columns among {', '.join(JOBLIST_COLUMNS + JOBLIST_OPTIONAL)}",
-                             ", ".join(sorted(unknown)))
+                             ", ".join(sorted(k or "(a column without a name)" for k in unknown)))
         jid = row["id"].strip()
         if not jid or jid in seen:
             raise InputError(str(path), f"{where}, field id", "a unique, non-empty job id", jid)
