@@ -2,6 +2,7 @@
 
     python bench/nearchus.py --json docs/data/nearchus.json [--seeds 1 2 3] [--quick]
     python bench/nearchus.py --scenarios openb --policies nearchus --seeds 2   # iterate
+    python bench/nearchus.py --json OUT --policies nearchus --no-sensitivity --set restore=true   # an ablation
 
 Scenarios: ``default`` (the embedded one), ``paper`` (``scenarios/paper.yaml``: shaped like
 NEARCHUS's testbed, docs/scenarios.md) and ``openb`` (16 evenly spaced openb nodes, the first
@@ -10,8 +11,10 @@ NEARCHUS's testbed, docs/scenarios.md) and ``openb`` (16 evenly spaced openb nod
 ``measured``, the per-model scaling curves); ``static`` and ``nearchus`` run again with one
 Amdahl fraction for every model and the PS (params ``parallel_fraction``: the shipped profile's
 machine-wide one, then 0.8, 0.9, 0.95): the sensitivity of the results to that one constant.
-A subset of scenarios or policies (or --no-sensitivity) prints its table and writes its --json
-without ratios, and leaves docs/results.md alone. Metrics per run: mean_jct_s, p95_jct_s,
+``--set KEY=VALUE`` (repeatable) also runs ``nearchus`` with that one option changed (run
+``nearchus KEY=VALUE``; options in docs/nearchus.md). A subset of scenarios or policies, --set or
+--no-sensitivity prints its table and writes its --json without ratios, and leaves
+docs/results.md alone. Metrics per run: mean_jct_s, p95_jct_s,
 mean_queue_s, makespan_s, cpu_util_pct, reconfigurations, speedup_vs_static_ratio (mean over
 jobs of the job's speed under the policy ÷ its speed under static, same seed and fraction),
 wall_s, extrapolated_models (models whose workers got more cores than their fraction was
@@ -39,6 +42,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from reamer.config.scenario import Scenario, load_scenario, parse_scenario
+from reamer.errors import InputError
 from reamer.models.profiles import shipped_profiles, with_parallel_fraction
 from reamer.policies import make_policy
 from reamer.reports.results import document, run_entry, write_json
@@ -118,6 +122,8 @@ def main() -> int:
     ap.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES),
                     help="run only these policies (static always runs: speed-ups are relative to it)")
     ap.add_argument("--no-sensitivity", action="store_true", help="only the shipped profile's fractions")
+    ap.add_argument("--set", dest="ablations", action="append", default=[], metavar="KEY=VALUE",
+                    help="also run nearchus with this one option changed (VALUE as JSON, else a string)")
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="simulations in parallel")
     ap.add_argument("--no-docs", action="store_true")
     ap.add_argument("--from-json", help="rebuild the table and docs from an earlier --json file, without running")
@@ -134,7 +140,19 @@ def main() -> int:
     seeds = args.seeds[:2] if args.quick else args.seeds
     scs = [sc for sc in scenarios(args.quick) if sc.name in args.scenarios]
     chosen = {k: v for k, v in POLICIES.items() if k == "static" or k in args.policies}
-    partial = len(chosen) < len(POLICIES) or len(scs) < len(SCENARIOS) or args.no_sensitivity
+    for text in args.ablations:
+        key, eq, raw = text.partition("=")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        try:
+            make_policy("nearchus", {key: value}, interval_s=60.0)  # a bad key or value: one line now
+        except InputError as e:
+            ap.error(f"--set {text!r}: {e}" if eq else f"--set {text!r}: expected KEY=VALUE (restore=true)")
+        chosen[f"nearchus {key}={raw}"] = ("nearchus", {key: value})
+    partial = (len(chosen) < len(POLICIES) or len(scs) < len(SCENARIOS) or args.no_sensitivity
+               or bool(args.ablations))
     fractions = [] if args.no_sensitivity else sensitivity_fractions()
     tasks = [(base.model_copy(update={"seed": seed}), MEASURED, chosen) for base in scs for seed in seeds]
     tasks += [(base.model_copy(update={"seed": seed}), f, {k: POLICIES[k] for k in SENSITIVITY_POLICIES})

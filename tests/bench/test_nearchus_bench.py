@@ -67,3 +67,21 @@ def test_docs_tables_from_measured_and_what_if_runs(monkeypatch):
     assert "no ratio (baseline 0): 10 s vs 0 s; 10 s vs 0 s" in text  # queueing against optimus's 0
     assert "| default | 0.95 | +25.0% to +25.0% | -20.0% to -20.0% | +0.0% to +0.0% |" in text
     assert "| default | measured |" in text and "| default | 0.586 |" in text
+
+
+def test_set_runs_nearchus_with_one_option_changed_and_rejects_a_bad_one(tmp_path):
+    """``--set KEY=VALUE``: an ablation run beside nearchus, on the same seed (a subset: no ratios);
+    a key or value the policy's config refuses is one line, exit 2, before any simulation."""
+    import json
+    import subprocess
+
+    out = tmp_path / "abl.json"
+    cmd = [sys.executable, str(BENCH), "--json", str(out), "--scenarios", "default", "--seeds", "1",
+           "--policies", "nearchus", "--no-sensitivity", "--workers", "1", "--set", "trim=false"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    doc = json.loads(out.read_text())
+    runs = {r["policy"]: r["metrics"] for r in doc["runs"]}
+    assert set(runs) == {"static", "nearchus", "nearchus trim=false"} and doc["ratios"] == {}
+    assert runs["nearchus trim=false"] != runs["nearchus"]  # the option took effect
+    bad = subprocess.run(cmd[:-1] + ["trim=maybe"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "policy.options.nearchus.trim" in bad.stderr
