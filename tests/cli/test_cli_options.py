@@ -398,23 +398,3 @@ def test_cleanup_errors_are_one_line_exit_1(monkeypatch, sweep, tmp_path):
     r = run("cleanup")
     assert r.exit_code == 1 and "Permission denied" in one_line(r)
 
-
-def test_an_api_server_error_of_the_kubernetes_client_is_one_line_naming_the_server():
-    """urllib3's MaxRetryError (what the Kubernetes client raises when nothing answers) as the
-    operator needs it: the server and the reason, not the pool's repr."""
-    import ssl
-
-    import urllib3
-    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, NewConnectionError, SSLError
-
-    pool = urllib3.HTTPConnectionPool("10.0.0.1", 6443)
-    cases = [(NewConnectionError(None, "HTTPConnection(host='10.0.0.1', port=6443): Failed to establish a new "
-                                       "connection: [Errno 111] Connection refused"),
-              "cannot reach the server at 10.0.0.1:6443 ([Errno 111] Connection refused)"),
-             (ConnectTimeoutError(None, "Connection to 10.0.0.1 timed out. (connect timeout=5)"),
-              "cannot reach the server at 10.0.0.1:6443 (Connection to 10.0.0.1 timed out. (connect timeout=5))"),
-             (SSLError(ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
-                                                       "failed: self-signed certificate")),
-              "no TLS session with the server at 10.0.0.1:6443 (self-signed certificate)")]
-    for reason, line in cases:
-        assert common.error_line(MaxRetryError(pool, "/api", reason)) == (line, common.EXIT_RUNTIME)

@@ -136,13 +136,6 @@ def error_line(exc: BaseException) -> tuple[str, int]:
         ctx = getattr(exc, "ctx", None)
         see = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         return exc.format_message().replace("\n", " ") + see, getattr(exc, "exit_code", EXIT_INPUT)
-    pool = getattr(exc, "pool", None)
-    if type(exc).__name__ == "MaxRetryError" and pool is not None:  # urllib3 (the Kubernetes client)
-        reason = getattr(exc, "reason", None)
-        args = getattr(reason, "args", ())
-        why = (args[-1] if args and isinstance(args[-1], str) else str(reason or exc)).rsplit(": ", 1)[-1]
-        what = "no TLS session with" if type(reason).__name__ == "SSLError" else "cannot reach"
-        return f"{what} the server at {pool.host}:{pool.port} ({why})".replace("\n", " "), EXIT_RUNTIME
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return f"{where}{exc.strerror or exc}".replace("\n", " "), EXIT_RUNTIME

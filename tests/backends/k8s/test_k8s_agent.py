@@ -296,6 +296,45 @@ def test_measure_separate_cpu_and_cpuacct_mounts(tmp_path):
     assert status["systemUsed"] == pytest.approx(1.0)  # 1.5 - the pod's 0.5
 
 
+def test_a_pod_whose_metrics_port_is_not_http_costs_only_its_own_metrics(tmp_path):
+    """A real TCP port on loopback that answers garbage (a gRPC or other non-HTTP port named by
+    ``reamer.io/metrics-port``): http.client raises BadStatusLine, and the agent still reports
+    the node and that pod, without its metrics."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def answer() -> None:
+        for _ in range(2):
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"\x00\x01 not http\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    root = tmp_path / "cg"
+    rel = Path("kubepods", "burstable", f"pod{UID}")
+    for h in ("cpu", "cpuacct"):
+        (root / h / rel).mkdir(parents=True)
+    (root / "cpuacct" / "cpuacct.usage").write_text("0")
+    (root / "cpu" / rel / "cpu.stat").write_text("nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")
+    (root / "cpuacct" / rel / "cpuacct.usage").write_text("0")
+    pod = _pod(UID)
+    pod["metadata"]["annotations"] = {"reamer.io/metrics-port": str(srv.getsockname()[1])}
+    t = [100.0]
+    agent = Agent(FakeKube([pod]), "n1", cgroup_root=root, clock=lambda: t[0], scrape_host="127.0.0.1")
+    try:
+        agent.measure()
+        t[0] += 2.0
+        (e,) = agent.measure()["pods"]
+    finally:
+        srv.close()
+    assert e["name"] == "j-worker-0" and "metrics" not in e
+
+
 REAL = Path("/sys/fs/cgroup")
 
 

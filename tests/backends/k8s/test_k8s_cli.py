@@ -60,7 +60,36 @@ current-context: x
     p = subprocess.run([REAMER, "k8s", "install-crds", "--kubeconfig", str(kc)], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 1, p.stderr
-    assert p.stderr.startswith(f"error: cannot reach the server at 127.0.0.1:{port} (") and "Traceback" not in p.stderr
+    assert p.stderr.startswith(f"error: no answer from the API server at 127.0.0.1:{port} (") and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_transport_error_is_an_api_error_naming_the_server_and_the_reason():
+    """What the client raises when no answer comes (urllib3's errors) becomes an ApiError with
+    status 0, which every per-object guard handles like a 5xx, in one line an operator reads."""
+    import ssl
+
+    import urllib3
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, NewConnectionError, ProtocolError, SSLError
+
+    from reamer.backends.k8s.kube import no_answer
+
+    pool = urllib3.HTTPConnectionPool("10.0.0.1", 6443)
+    cases = [(MaxRetryError(pool, "/api", NewConnectionError(None, "HTTPConnection(host='10.0.0.1', port=6443): "
+                                                                  "Failed to establish a new connection: [Errno 111] "
+                                                                  "Connection refused")),
+              "no answer from the API server at 10.0.0.1:6443 ([Errno 111] Connection refused)"),
+             (MaxRetryError(pool, "/api", ConnectTimeoutError(None, "Connection to 10.0.0.1 timed out. "
+                                                                    "(connect timeout=5)")),
+              "no answer from the API server at 10.0.0.1:6443 (Connection to 10.0.0.1 timed out. (connect timeout=5))"),
+             (MaxRetryError(pool, "/api", SSLError(ssl.SSLCertVerificationError(
+                 1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate"))),
+              "no TLS session with the API server at 10.0.0.1:6443 (self-signed certificate)"),
+             (ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer")),
+              "no answer from the API server at https://k:6443 ([Errno 104] Connection reset by peer)")]
+    for err, line in cases:
+        e = no_answer(err, "https://k:6443")
+        assert (e.status, str(e)) == (0, line)
 
 
 def test_controller_serves_health_and_metrics(kube, ns, devcluster):

@@ -163,12 +163,13 @@ def test_progress_is_banked_from_the_workers_counters_and_the_job_completes(kube
     Kubelet(kube, ns).sync()
     pods_ = job_pods(kube, ns, "short")
 
-    def report(t, totals):  # totals: each worker's reamer_train_samples_total, in pod order
+    def report(t, totals):  # totals: each worker's reamer_train_samples_total, in pod order (None: no scrape)
         workers = iter(totals)
         entries = [{"namespace": ns, "name": ko.meta(p)["name"], "cpuUsed": 1.0, "netGbps": 0.1,
-                    "netCapacityGbps": 10.0, **({"metrics": {"reamer_train_samples_total": next(workers),
+                    "netCapacityGbps": 10.0, **({"metrics": {"reamer_train_samples_total": total,
                                                              "reamer_train_samples_total:rate": 100.0}}
-                                               if ko.labels(p)[ko.ROLE] == "worker" else {})} for p in pods_]
+                                               if ko.labels(p)[ko.ROLE] == "worker"
+                                               and (total := next(workers)) is not None else {})} for p in pods_]
         publish_slack(kube, "node-a", reported_at=t, window_s=2.0, pods_=entries, cores=32)
 
     done = lambda: kube.get(custom("trainingjobs", ns, "short"))["status"]  # noqa: E731
@@ -181,6 +182,11 @@ def test_progress_is_banked_from_the_workers_counters_and_the_job_completes(kube
     report(t + 2, [300, 400])  # ... yet nothing of it is lost: banking reads the counters
     c.round()
     assert done()["samplesDone"] == pytest.approx(700.0) and done()["phase"] == "Running"
+    report(t + 2.5, [None, 450])  # the first worker's scrape failed: its last counter stands
+    c.round()
+    assert done()["samplesDone"] == pytest.approx(750.0)
+    assert done()["counters"] == {ko.meta(p)["name"]: v for p, v in zip(
+        [p for p in pods_ if ko.labels(p)[ko.ROLE] == "worker"], (300.0, 450.0), strict=True)}
     report(t + 3, [50, 500])  # the first worker restarted: its counter began again at 0
     c.round()
     st = done()

@@ -52,6 +52,18 @@ def test_a_cordoned_node_keeps_its_job_and_takes_no_new_one(kube, ns, controller
     assert not job_pods(kube, ns, "new") and kube.get(custom("trainingjobs", ns, "new"))["status"]["phase"] == "Queued"
 
 
+def test_a_node_label_that_is_not_a_number_does_not_stop_the_rounds(kube, ns, controller):
+    """``reamer.io/nic-gbps=25G`` is a valid label value: that node gets the default NIC (and a
+    warning), and the controller still places jobs."""
+    make_node(kube, "node-a", 16)
+    kube.merge_patch(nodes("node-a"), {"metadata": {"labels": {"reamer.io/nic-gbps": "25G"}}})
+    kube.create(custom("trainingjobs", ns), training_job("runs", ps=1, workers=1))
+    c = controller(policy="static")
+    c.round()
+    assert len(job_pods(kube, ns, "runs")) == 2
+    assert kube.get(custom("trainingjobs", ns, "runs"))["status"]["phase"] == "Running"
+
+
 def test_a_job_created_again_under_the_same_name_starts_afresh(kube, ns, controller):
     make_node(kube, "node-a", 32)
     tj = training_job("again", ps=1, workers=1)

@@ -264,7 +264,7 @@ class Agent:
             try:
                 metrics = scrape(f"http://{host}:{port}/metrics")
                 e["metrics"] = summarize(metrics, prev.metrics if prev else None, dt)
-            except (OSError, ValueError) as err:
+            except Exception as err:  # any pod's endpoint (a non-HTTP port: BadStatusLine) is that pod's trouble
                 log.info("pod %s: metrics not scraped: %s", m["name"], err)
         self._prev[uid] = _Prev(now, cpu, net, metrics)
         return e, cpu_used

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 
 log = logging.getLogger(__name__)
@@ -27,11 +28,24 @@ Obj = dict[str, Any]
 
 
 class ApiError(Exception):
-    """A non-2xx answer: ``status`` (HTTP), ``reason`` (``Conflict``, ``NotFound`` …) and the message."""
+    """A non-2xx answer: ``status`` (HTTP), ``reason`` (``Conflict``, ``NotFound`` …) and the
+    message; ``status`` 0: no answer (the server unreachable, a timeout, a reset connection)."""
 
     def __init__(self, status: int, reason: str, message: str, body: Obj | None = None) -> None:
-        super().__init__(f"{status} {reason}: {message}")
+        super().__init__(f"{status} {reason}: {message}" if status else message)
         self.status, self.reason, self.message, self.body = status, reason, message, body or {}
+
+
+def no_answer(err: urllib3.exceptions.HTTPError, where: str) -> ApiError:
+    """A transport error of the client as an :class:`ApiError` with status 0 and one line that
+    names the server and the reason (refused, timed out, TLS), not the connection pool's repr."""
+    reason = getattr(err, "reason", None) or err
+    args = getattr(reason, "args", ())
+    why = str(args[-1] if args else reason).rsplit(": ", 1)[-1]  # the innermost words: refused, reset ...
+    what = "no TLS session with" if isinstance(reason, urllib3.exceptions.SSLError) else "no answer from"
+    pool = getattr(err, "pool", None)
+    server = f"{pool.host}:{pool.port}" if pool is not None else where
+    return ApiError(0, "NoAnswer", f"{what} the API server at {server} ({why})".replace("\n", " "))
 
 
 def pods(ns: str, name: str | None = None, sub: str | None = None) -> str:
@@ -86,18 +100,20 @@ class Kube:
         q = [(k, v if not isinstance(v, bool) else str(v).lower()) for k, v in (query or {}).items() if v is not None]
         _, url, hdrs, ser_body, _ = self.api.param_serialize(method, path, query_params=q, header_params=headers,
                                                              body=body, auth_settings=["BearerToken"])
-        resp = self.api.call_api(method, url, header_params=hdrs, body=ser_body,
-                                 _request_timeout=timeout_s if timeout_s is not None else self.timeout_s)
-        if not 200 <= resp.status < 300:
+        try:
+            resp = self.api.call_api(method, url, header_params=hdrs, body=ser_body,
+                                     _request_timeout=timeout_s if timeout_s is not None else self.timeout_s)
+            if stream and 200 <= resp.status < 300:
+                return resp.response
             raw = resp.read()
+        except urllib3.exceptions.HTTPError as e:  # no answer: an error of this request, like a 5xx
+            raise no_answer(e, self.api.configuration.host) from e
+        if not 200 <= resp.status < 300:
             try:
                 doc = json.loads(raw)
             except ValueError:
                 doc = {"message": raw.decode(errors="replace")[:500]}
             raise ApiError(resp.status, doc.get("reason", resp.reason or ""), doc.get("message", ""), doc)
-        if stream:
-            return resp.response
-        raw = resp.read()
         return json.loads(raw) if raw else {}
 
     def get(self, path: str) -> Obj:
@@ -294,8 +310,11 @@ class Reflector:
                     if self._stop.is_set() or self.clock() - last_list >= self.resync_s:
                         break
             except ApiError as e:
-                log.info("watch %s: %s; re-listing", self.path, e)
-                self.synced.clear()
+                if e.status:  # the server answered (410 Gone, an error): list again
+                    log.info("watch %s: %s; re-listing", self.path, e)
+                    self.synced.clear()
+                else:  # no answer: resume from the last version, as after a cut stream
+                    log.info("watch %s ended: %s", self.path, e)
                 self._stop.wait(self.backoff_s)
             except Exception as e:  # a cut connection, a reset: resume from the last version
                 log.info("watch %s ended: %s", self.path, e)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ CORES, MAX_BATCH, MAX_WAIT_MS, REPLACES, TARGET = (P + "cores", P + "max-batch",
                                                    P + "target-node")
 SCHEDULER = "reamer"
 PS_PORT = 7000  # the port of a PS (and worker) in the training pods' host lists
+
+log = logging.getLogger(__name__)
 
 
 class SpecError(ValueError):
@@ -118,7 +121,22 @@ def node_of(obj: Obj, foreign_pods: Iterable[Obj] = ()) -> Node:
     for p in foreign_pods:
         cap = cap - pod_requests(p)
     return Node(name, max(0.0, cap.cpu), max(0.0, cap.mem_mib), max(0.0, cap.gpu), lb.get(P + "gpu-model", ""),
-                float(lb.get(P + "nic-gbps", 10.0)), lb.get(P + "pool", "default"))
+                _nic_gbps(lb.get(P + "nic-gbps"), name), lb.get(P + "pool", "default"))
+
+
+def _nic_gbps(label: str | None, node: str) -> float:
+    """The ``reamer.io/nic-gbps`` label (default 10): a value that is not a positive number is
+    logged and ignored, so one node's label cannot stop every round."""
+    if label is None:
+        return 10.0
+    try:
+        v = float(label)
+    except ValueError:
+        v = -1.0
+    if not (v > 0 and math.isfinite(v)):
+        log.warning("node %s: label %snic-gbps=%r is not a positive number of Gbit/s; 10 is used", node, P, label)
+        return 10.0
+    return v
 
 
 def schedulable(obj: Obj) -> bool:

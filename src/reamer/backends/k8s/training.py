@@ -95,8 +95,13 @@ class K8sTraining:
             st = view.crs[jid].get("status") or {}
             uid = ko.meta(view.crs[jid]).get("uid", jid)
             tel, counters = job_telemetry(cont, view.pod_names, self.ns, reports, self._seen.get(uid, -math.inf))
-            samples = self.samples[jid] = banked(float(st.get("samplesDone", 0.0)), st.get("counters") or {},
-                                                 counters)
+            before = st.get("counters") or {}
+            # a worker whose report has no counter this round (a failed scrape) keeps its last one:
+            # dropped, its next counter would be banked again from 0
+            workers = {view.pod_names.get(c.id, "") for c in cont if c.role is Role.WORKER}
+            counters = {**{pod: float(v) for pod, v in before.items() if pod in workers and v is not None},
+                        **counters}
+            samples = self.samples[jid] = banked(float(st.get("samplesDone", 0.0)), before, counters)
             self.counters[jid] = counters
             if tel is not None:
                 self._seen[uid] = newest_report(cont, view.pod_names, self.ns, reports)
@@ -281,7 +286,12 @@ class K8sTraining:
             if ko.SERVICE in ko.labels(p) and not ko.terminated(p):
                 node = (p.get("spec") or {}).get("nodeName") or ko.annotations(p).get(ko.TARGET)
                 if node:
-                    out[node] = out.get(node, 0.0) + float(ko.annotations(p).get(ko.CORES, 0))
+                    try:
+                        cores = float(ko.annotations(p).get(ko.CORES, 0))
+                    except ValueError:  # an edited annotation: that pod is the scheduler's to leave alone
+                        log.warning("pod %s: annotation %s is not a number", ko.meta(p).get("name"), ko.CORES)
+                        continue
+                    out[node] = out.get(node, 0.0) + cores
         return out
 
     def _converge_job(self, jid: str, now: float, inference: dict[str, float]) -> None:
