@@ -239,6 +239,48 @@ def test_a_dead_worker_restarts_the_job_from_its_checkpoint_until_it_is_given_up
     assert len(c.failures) == 4
 
 
+def test_a_restart_that_fails_does_not_end_the_run_and_is_reconciled_next_round(world, monkeypatch):
+    """The PS of the restart never says it listens: the round goes on (a failed restart is an
+    actuation error), and the next round starts the job again from its checkpoint."""
+    c = world.cluster
+    for w in world.workers:
+        w.run(10)
+    world.workers[-1].live = False
+    real = world.proc
+
+    def silent_ps(argv, cgroup, **kw):
+        p = real(argv, cgroup, **kw)
+        if "/ps" in cgroup or ".ps" in cgroup:
+            def never(event, timeout, peers=()):
+                raise RuntimeError(f"{cgroup}: no 'listening' line within {timeout:g}s")
+            p.wait_for = never
+        return p
+
+    monkeypatch.setattr(lc, "Proc", silent_ps)
+    c.observe(1.0)  # does not raise
+    assert [e[2].split(":")[0] for e in c.actuation_errors] == ["restart"] and "j" in c._reconcile
+    assert [(f[1], f[2]) for f in c.failures] == [("j", "j/worker2 exited")]
+    monkeypatch.setattr(lc, "Proc", real)
+    world.ops.clear()
+    c.observe(2.0)
+    assert _spawned(world) == [("j.ps0", True), ("j.worker1", False), ("j.worker2", False)]
+    assert not c._reconcile and c.state.jobs["j"].state is JobState.RUNNING
+
+
+def test_a_failed_spawn_removes_the_cgroup_it_made(world, monkeypatch):
+    c = world.cluster
+    cid = next(iter(c.runs["j"].procs))
+
+    def fails(*a, **kw):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(lc, "Proc", fails)
+    world.ops.clear()
+    with pytest.raises(OSError):
+        c._spawn(c.state.jobs["j"].containers[cid], ["ps"])
+    assert world.ops[0] == ("create", c.cgroup_name(cid)) and ("remove", c.cgroup_name(cid)) in world.ops
+
+
 def test_a_crashed_runs_record_resumes_its_job_on_the_same_shape_from_the_checkpoint(world, tmp_path):
     """The durable record (run.json) a controller keeps: a new controller rebuilds the shared
     state from it, relaunches the job on its recorded containers from the checkpoint, counts

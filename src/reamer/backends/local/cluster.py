@@ -148,13 +148,17 @@ class LocalCluster:
     def _spawn(self, c: Container, argv: list[str]) -> Proc:
         name = self.cgroup_name(c.id)
         self.executor.create(name)
-        self.executor.set_cpu(name, c.res.cpu)
-        if c.cpuset is not None:
-            self.executor.set_cpuset(name, c.cpuset)
-        host = self.local[c.node].host
-        return Proc(self.testbed.exec_argv(host, [self.python, "-m", PS_MODULE, *argv]), cgroup=name,
-                    executor=self.executor, log=self.workdir / "logs" / f"{name}.log", env=workload_env(),
-                    clock=self.clock)
+        try:
+            self.executor.set_cpu(name, c.res.cpu)
+            if c.cpuset is not None:
+                self.executor.set_cpuset(name, c.cpuset)
+            host = self.local[c.node].host
+            return Proc(self.testbed.exec_argv(host, [self.python, "-m", PS_MODULE, *argv]), cgroup=name,
+                        executor=self.executor, log=self.workdir / "logs" / f"{name}.log", env=workload_env(),
+                        clock=self.clock)
+        except BaseException:  # not started: its cgroup goes too, or the next launch finds it there
+            self.executor.remove(name, kill=True)
+            raise
 
     def _ckpt(self, j: JobRecord) -> Path:
         return self.workdir / "checkpoints" / j.spec.id
@@ -248,7 +252,10 @@ class LocalCluster:
             if p.alive():
                 p.kill()
             p.close()
-            self.executor.remove(self.cgroup_name(cid), kill=True)
+            try:
+                self.executor.remove(self.cgroup_name(cid), kill=True)
+            except Exception as err:  # noqa: BLE001 - the job goes on; the run's sweep removes it at the end
+                log.warning("cgroup of %s not removed (%s): removed when the run ends", cid, err)
             self._cpu.pop(cid, None)
         run.procs.clear()
 
@@ -397,7 +404,7 @@ class LocalCluster:
             if now < self._retry_at[jid]:
                 return
             del self._retry_at[jid]
-            self._relaunch(jid, now, "")
+            self._try_relaunch(jid, now, "")
             return
         dead = sorted(cid for cid, p in run.procs.items() if not p.alive())
         hung = sorted(cid for cid, p in run.procs.items() if cid not in dead and self._hung(j, cid, p))
@@ -418,7 +425,7 @@ class LocalCluster:
             self.state.finish(jid, now)
             return
         if n == 0:
-            self._relaunch(jid, now, reason)
+            self._try_relaunch(jid, now, reason)
         else:
             self._retry_at[jid] = now + self.restart_backoff_s * 2 ** (n - 1)
             self.failures.append((now, jid, reason, 0))
@@ -430,6 +437,18 @@ class LocalCluster:
             return False
         seen = p.last_seen()
         return seen is not None and self.clock() - seen > self.hung_after_s
+
+    def _try_relaunch(self, jid: str, now: float, reason: str) -> None:
+        """:meth:`_relaunch`; a restart that fails (a PS that does not come up, a worker that
+        exits before it connects) is reconciled next round, as a failed actuation: the run goes on."""
+        try:
+            self._relaunch(jid, now, reason)
+        except Exception as err:  # noqa: BLE001 - one job's restart is not the run
+            log.warning("restarting %s failed (%s): reconciled next round", jid, err)
+            if reason:
+                self.failures.append((now, jid, reason, 0))
+            self.actuation_errors.append((now, jid, f"restart: {err}"))
+            self._reconcile.add(jid)
 
     def _relaunch(self, jid: str, now: float, reason: str) -> None:
         """Start the job again from its latest complete checkpoint; the steps after it are lost."""

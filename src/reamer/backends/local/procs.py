@@ -110,6 +110,10 @@ class Proc:
                 stdin=subprocess.PIPE, stdout=out, stderr=self._log, text=True,
                 env=env, start_new_session=True,  # Ctrl-C on the controller does not reach it directly
             )  # fmt: skip
+        except BaseException:  # not started: its files are not left open
+            self._log.close()
+            self._tail.close()
+            raise
         finally:
             out.close()
         try:
@@ -184,8 +188,9 @@ class Proc:
         return self.p.poll() is None
 
     def signal(self, sig: int) -> None:
+        """``sig`` to the process unless it was reaped (its pid may belong to another by now)."""
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.p.pid, sig)
+            self.p.send_signal(sig)  # (polls first: no signal once reaped)
 
     def wait(self, timeout_s: float) -> int | None:
         try:

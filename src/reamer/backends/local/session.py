@@ -61,9 +61,13 @@ def unavailable(root: Path = CGROUP_ROOT) -> str | None:
         return f"the real workloads need torch and onnxruntime ({e.name} missing)"
     try:
         ex = CgroupExecutor(root, prefix=CGROUP_PREFIX + "-probe", controllers=("cpu", "cpuset"))
-        ex.create("probe")
-        ex.set_cpu("probe", 0.5)
-        ex.sweep()
+        if ex.exists("probe"):  # a probe interrupted before its sweep
+            ex.sweep(kill=True)
+        try:
+            ex.create("probe")
+            ex.set_cpu("probe", 0.5)
+        finally:
+            ex.sweep()
     except (CgroupError, OSError) as e:
         return f"cgroups are not writable ({e})"
     return None
@@ -298,8 +302,8 @@ def _session(sc: LocalScenario, profiles: Profiles, state_dir: Path | None, fres
             cluster.close(checkpoint=record is not None and status != "finished")
         try:
             testbed.close()
-        except NetnsError:
-            pass
+        except NetnsError as e:  # swept by the next run's start (or reamer cleanup)
+            log.warning("network namespaces not all removed: %s", e)
         executor.sweep(kill=True)
         if state_dir is None:
             shutil.rmtree(wd, ignore_errors=True)
