@@ -141,16 +141,18 @@ def test_semantically_invalid_jobs_get_a_condition_and_the_controller_keeps_runn
     minmax["spec"]["ps"].update(min=3, max=2)
     unknown = training_job("unknown")
     unknown["spec"]["model"] = "alexnet-9000"
-    for tj in (minmax, unknown, training_job("fine")):
+    dotted = training_job("bert.v2")  # a valid custom-resource name, but no Service name
+    for tj in (minmax, unknown, dotted, training_job("fine")):
         kube.create(custom("trainingjobs", ns), tj)
     c = controller()
     c.round()
-    for name, reason, field in (("minmax", "MinAboveMax", "spec.ps"), ("unknown", "UnknownModel", "spec.model")):
+    for name, reason, field in (("minmax", "MinAboveMax", "spec.ps"), ("unknown", "UnknownModel", "spec.model"),
+                                ("bert.v2", "InvalidName", "metadata.name")):
         st = kube.get(custom("trainingjobs", ns, name))["status"]
         cond = next(x for x in st["conditions"] if x["type"] == "Invalid")
         assert st["phase"] == "Invalid" and cond["reason"] == reason and field in cond["message"]
     assert kube.get(custom("trainingjobs", ns, "fine"))["status"]["phase"] == "Running"
-    assert not job_pods(kube, ns, "minmax") and not job_pods(kube, ns, "unknown")
+    assert not job_pods(kube, ns, "minmax") and not job_pods(kube, ns, "unknown") and not job_pods(kube, ns, "bert.v2")
 
 
 def test_progress_is_banked_from_the_workers_counters_and_the_job_completes(kube, ns, controller):

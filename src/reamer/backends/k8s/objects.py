@@ -12,6 +12,7 @@ import copy
 import datetime as dt
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import InvalidOperation
@@ -31,6 +32,8 @@ CORES, MAX_BATCH, MAX_WAIT_MS, REPLACES, TARGET = (P + "cores", P + "max-batch",
                                                    P + "target-node")
 SCHEDULER = "reamer"
 PS_PORT = 7000  # the port of a PS (and worker) in the training pods' host lists
+
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1035, as a Service name must be
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +159,10 @@ def _role_res(spec: Obj, role: str) -> Resources:
 def training_job(obj: Obj, models: Mapping[str, object]) -> TrainingJob:
     """The domain job of a TrainingJob resource; :class:`SpecError` when it cannot run."""
     spec = obj.get("spec") or {}
+    name = meta(obj)["name"]
+    if not DNS_LABEL.fullmatch(name):  # it names the job's headless Service and its pods' subdomain
+        raise SpecError("InvalidName", f"metadata.name: expected a DNS label (lower-case letters, digits and '-', "
+                                       f"starting with a letter, at most 63 characters), got {name!r}")
     model = spec.get("model", "")
     if model not in models:
         raise SpecError("UnknownModel", f"spec.model: expected one of {', '.join(sorted(models))}, got {model!r}")
