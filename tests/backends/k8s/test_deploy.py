@@ -50,7 +50,7 @@ NEEDS: dict[str, dict[tuple[str, str], tuple[str, tuple[str, ...]]]] = {
         (R, "trainingjobs/status"): ("ns", ("update", "patch")),
         ("", "pods"): ("ns", ("list", "watch", "create", "delete")),
         ("", "pods/resize"): ("ns", ("patch",)),
-        ("", "services"): ("ns", ("create",)),
+        ("", "services"): ("ns", ("get", "create")),
     },
     "scheduler": {
         ("", "nodes"): ("cluster", ("list", "watch")),

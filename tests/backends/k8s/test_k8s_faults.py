@@ -15,7 +15,7 @@ from test_k8s_controller import job_pods, training_job
 from test_k8s_scheduler import fresh, inference_service, replica_pods
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.agent import summarize
-from reamer.backends.k8s.kube import Reflector, custom, nodes, pods
+from reamer.backends.k8s.kube import Reflector, custom, nodes, pods, services
 from reamer.backends.k8s.training import qos_class, resize_patch
 from reamer.domain import Resize, Resources
 from reamer.domain.inference import MigrateReplica
@@ -74,7 +74,8 @@ def test_a_job_created_again_under_the_same_name_starts_afresh(kube, ns, control
     Kubelet(kube, ns).sync()
     w = next(p for p in job_pods(kube, ns, "again") if ko.labels(p)[ko.ROLE] == "worker")
     publish_slack(kube, "node-a", reported_at=time.time(), cores=32, pods_=[
-        {"namespace": ns, "name": ko.meta(w)["name"], "metrics": {"reamer_train_samples_total": 500.0}}])
+        {"namespace": ns, "name": ko.meta(w)["name"], "uid": ko.meta(w)["uid"],
+         "metrics": {"reamer_train_samples_total": 500.0}}])
     c.round()
     assert kube.get(custom("trainingjobs", ns, "again"))["status"]["phase"] == "Succeeded"
     kube.delete(custom("trainingjobs", ns, "again"))  # no garbage collector runs for the test's pods:
@@ -85,6 +86,19 @@ def test_a_job_created_again_under_the_same_name_starts_afresh(kube, ns, control
     assert st["phase"] == "Running" and st.get("samplesDone", 0.0) == 0.0
     for p in job_pods(kube, ns, "again"):
         assert p["metadata"]["ownerReferences"][0]["uid"] == second["metadata"]["uid"]
+    # the first job's headless Service is still there (no garbage collector here): it is not
+    # taken for the new job's; once it goes, the new job gets its own
+    svc = lambda: kube.get(services(ns, "again"))["metadata"]["ownerReferences"][0]["uid"]  # noqa: E731
+    assert svc() == first["metadata"]["uid"]
+    kube.delete(services(ns, "again"))
+    for _ in range(20):  # the rounds after it (the controller's caches catch up with its own writes)
+        c.round()
+        if kube.get_or_none(services(ns, "again")) is not None:
+            break
+        time.sleep(0.1)
+    assert svc() == second["metadata"]["uid"]
+    st = kube.get(custom("trainingjobs", ns, "again"))["status"]  # the first job's report is not the second's
+    assert st["phase"] == "Running" and st.get("samplesDone", 0.0) == 0.0
 
 
 def test_a_failed_pod_restarts_the_job_from_its_checkpoint(kube, ns, controller):

@@ -391,6 +391,26 @@ def test_rmdir_failure_is_a_clear_error(v2_root: Path):
         ex.remove("a")
 
 
+def test_rmdir_retries_a_busy_cgroup_while_its_last_threads_exit(v2_root: Path, monkeypatch):
+    """The kernel answers EBUSY while a killed process's last threads still exit, although
+    cgroup.procs already reads empty: the removal waits for them rather than failing."""
+    import errno
+
+    ex = FakeExecutor(v2_root)
+    ex.create("a")
+    real, busy = Path.rmdir, [2]
+
+    def rmdir(self):
+        if self.name == "a" and busy[0]:
+            busy[0] -= 1
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real(self)
+
+    monkeypatch.setattr(Path, "rmdir", rmdir)
+    ex.remove("a")
+    assert busy == [0] and not (v2_root / "reamer" / "a").exists()
+
+
 def test_errors_are_one_line_and_name_the_file(v2_root: Path, v1_root: Path):
     ex = FakeExecutor(v2_root)
     ex.create("a")

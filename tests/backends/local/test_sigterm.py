@@ -25,3 +25,20 @@ def test_sigterm_raises_keyboard_interrupt_inside_and_the_old_handler_returns():
                 cleaned.append(True)
     assert cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_signal_during_the_cleanup_waits_for_it():
+    """A second Ctrl-C or SIGTERM while a run cleans up is noted, not raised: the cleanup's
+    remaining steps (processes, cgroups, namespaces) still run. The handlers come back after."""
+    import os
+    import signal
+
+    from reamer.backends.local.session import _signals_held
+
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with _signals_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        done.append("rest of the cleanup")
+    assert done == ["rest of the cleanup"] and signal.getsignal(signal.SIGINT) is before

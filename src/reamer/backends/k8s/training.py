@@ -94,7 +94,9 @@ class K8sTraining:
             cont = list(j.containers.values())
             st = view.crs[jid].get("status") or {}
             uid = ko.meta(view.crs[jid]).get("uid", jid)
-            tel, counters = job_telemetry(cont, view.pod_names, self.ns, reports, self._seen.get(uid, -math.inf))
+            pod_uids = {ko.meta(p)["name"]: ko.meta(p).get("uid", "") for p in self._pods_of(objs, view.crs[jid])}
+            tel, counters = job_telemetry(cont, view.pod_names, self.ns, reports, self._seen.get(uid, -math.inf),
+                                          pod_uids)
             before = st.get("counters") or {}
             # a worker whose report has no counter this round (a failed scrape) keeps its last one:
             # dropped, its next counter would be banked again from 0
@@ -398,11 +400,21 @@ class K8sTraining:
         uid = ko.meta(tj).get("uid", "")
         if uid in self._services:
             return
+        name = ko.meta(tj)["name"]
         try:
             self.kube.create(services(self.ns), ko.headless_service(tj))
         except ApiError as e:
             if e.status != 409:
                 raise
+            # a Service of that name exists: this job's (a restarted controller), or an earlier
+            # job's of the same name that the garbage collector has not removed yet (or someone
+            # else's): only this job's own counts, the others are tried again next round
+            svc = self.kube.get_or_none(services(self.ns, name)) or {}
+            owners = {r.get("uid") for r in ko.meta(svc).get("ownerReferences") or []}
+            if uid not in owners:
+                log.info("job %s: Service %s belongs to another object (%s); tried again next round", name, name,
+                         ", ".join(sorted(o for o in owners if o)) or "no owner")
+                return
         self._services.add(uid)
 
     def _delete(self, pod: dict) -> None:

@@ -22,6 +22,7 @@ finds and removes the leftovers of a crashed run without touching anything else.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -236,12 +237,21 @@ class CgroupExecutor:
         except OSError as err:
             raise CgroupError(path, "to create a cgroup directory", err.strerror or str(err)) from None
 
-    def _rmdir(self, path: Path) -> None:
-        """Remove a cgroup directory (cgroupfs removes its control files with it)."""
-        try:
-            path.rmdir()
-        except OSError as err:
-            raise CgroupError(path, "a cgroup without processes or child cgroups to rmdir", err.strerror or str(err)) from None
+    def _rmdir(self, path: Path, busy_s: float = 2.0) -> None:
+        """Remove a cgroup directory (cgroupfs removes its control files with it). ``EBUSY`` is
+        retried for ``busy_s``: ``cgroup.procs`` reads empty while a killed process's last
+        threads still exit (a large address space takes a moment), as container runtimes retry."""
+        deadline = time.monotonic() + busy_s
+        while True:
+            try:
+                path.rmdir()
+                return
+            except OSError as err:
+                if err.errno == errno.EBUSY and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                raise CgroupError(path, "a cgroup without processes or child cgroups to rmdir",
+                                  err.strerror or str(err)) from None
 
     def _init_cpuset_v1(self, child: Path) -> None:
         """A new v1 cpuset cgroup has empty cpus/mems: copy them from the parent."""

@@ -19,7 +19,9 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -296,18 +298,49 @@ def _session(sc: LocalScenario, profiles: Profiles, state_dir: Path | None, fres
         status = "interrupted"
         raise
     finally:
-        if inference is not None:
-            inference.close()
-        if cluster is not None:
-            cluster.close(checkpoint=record is not None and status != "finished")
-        try:
-            testbed.close()
-        except NetnsError as e:  # swept by the next run's start (or reamer cleanup)
-            log.warning("network namespaces not all removed: %s", e)
-        executor.sweep(kill=True)
-        if state_dir is None:
-            shutil.rmtree(wd, ignore_errors=True)
-        elif status == "finished" and not keep_state:
-            _clear(wd)
-        else:
-            set_status(wd, status)  # type: ignore[arg-type]
+        # every step runs, whatever the one before it raised, and a second Ctrl-C or SIGTERM
+        # does not cut them short: what is left running here would outlive the run
+        errors: list[Exception] = []
+
+        def step(fn: Callable[[], object]) -> None:
+            try:
+                fn()
+            except NetnsError as e:  # swept by the next run's start (or reamer cleanup)
+                log.warning("network namespaces not all removed: %s", e)
+            except Exception as e:  # noqa: BLE001 - the rest of the cleanup still runs
+                log.warning("cleanup: %s", e)
+                errors.append(e)
+
+        with _signals_held():
+            if inference is not None:
+                step(inference.close)
+            if cluster is not None:
+                step(lambda: cluster.close(checkpoint=record is not None and status != "finished"))
+            step(testbed.close)
+            step(lambda: executor.sweep(kill=True))
+            if state_dir is None:
+                shutil.rmtree(wd, ignore_errors=True)
+            elif status == "finished" and not keep_state:
+                step(lambda: _clear(wd))
+            else:
+                step(lambda: set_status(wd, status))  # type: ignore[arg-type]
+        if errors and sys.exc_info()[1] is None:
+            raise errors[0]
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM are noted, not acted on, inside the block (main thread only: elsewhere
+    signals are the main thread's)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {s: signal.signal(s, lambda n, _f: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if got:
+            log.warning("%s during the cleanup: waited for it to finish", signal.Signals(got[0]).name)
