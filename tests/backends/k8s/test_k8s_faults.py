@@ -64,6 +64,25 @@ def test_a_node_label_that_is_not_a_number_does_not_stop_the_rounds(kube, ns, co
     assert kube.get(custom("trainingjobs", ns, "runs"))["status"]["phase"] == "Running"
 
 
+def test_a_node_that_is_not_ready_takes_no_new_job(kube, ns, controller):
+    """Its kubelet stopped reporting (Ready Unknown): like a cordoned node, what runs there stays
+    booked and nothing new is placed there."""
+    make_node(kube, "node-a", 16)
+    kube.create(custom("trainingjobs", ns), training_job("stay", ps=1, workers=1))
+    c = controller(policy="static")
+    c.round()
+    kube.merge_patch(nodes("node-a", "status"), {"status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}})
+    kube.create(custom("trainingjobs", ns), training_job("new", ps=1, workers=1))
+    for _ in range(20):  # until the controller's node cache holds the condition
+        c.round()
+        if kube.get(custom("trainingjobs", ns, "new")).get("status", {}).get("phase") == "Queued":
+            break
+        time.sleep(0.1)
+    assert len(job_pods(kube, ns, "stay")) == 2 and not job_pods(kube, ns, "new")
+    assert kube.get(custom("trainingjobs", ns, "new"))["status"]["phase"] == "Queued"
+
+
 def test_a_job_created_again_under_the_same_name_starts_afresh(kube, ns, controller):
     make_node(kube, "node-a", 32)
     tj = training_job("again", ps=1, workers=1)

@@ -143,7 +143,13 @@ def _nic_gbps(label: str | None, node: str) -> float:
 
 
 def schedulable(obj: Obj) -> bool:
-    return not (obj.get("spec") or {}).get("unschedulable", False)
+    """Takes new pods: not cordoned, and not reported NotReady or unreachable by its kubelet
+    (``Ready`` False or Unknown; a node without that condition counts as ready). Pods already
+    there stay booked, as on a cordoned node."""
+    if (obj.get("spec") or {}).get("unschedulable", False):
+        return False
+    ready = next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    return ready is None or ready.get("status") == "True"
 
 
 # ----------------------------------------------------------------------------- training jobs
