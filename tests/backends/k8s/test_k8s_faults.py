@@ -83,6 +83,30 @@ def test_a_node_that_is_not_ready_takes_no_new_job(kube, ns, controller):
     assert kube.get(custom("trainingjobs", ns, "new"))["status"]["phase"] == "Queued"
 
 
+def test_a_job_being_deleted_gets_no_pods_again(kube, ns, controller):
+    """A finalizer (or a foreground deletion) holds a deleted TrainingJob while its pods go: the
+    controller does not start them again, and their room goes to the next job."""
+    make_node(kube, "node-a", 4)
+    kube.create(custom("trainingjobs", ns), training_job("going", ps=1, workers=1))
+    c = controller(policy="static")
+    c.round()
+    assert len(job_pods(kube, ns, "going")) == 2
+    kube.merge_patch(custom("trainingjobs", ns, "going"), {"metadata": {"finalizers": ["example.com/hold"]}})
+    try:
+        kube.delete(custom("trainingjobs", ns, "going"))
+        kube.create(custom("trainingjobs", ns), training_job("next", ps=1, workers=1))
+        for p in job_pods(kube, ns, "going"):  # as the garbage collector would
+            kube.delete(pods(ns, ko.meta(p)["name"]), grace_s=0)
+        for _ in range(20):
+            c.round()
+            if len(job_pods(kube, ns, "next")) == 2:
+                break
+            time.sleep(0.1)
+        assert not job_pods(kube, ns, "going") and len(job_pods(kube, ns, "next")) == 2
+    finally:
+        kube.merge_patch(custom("trainingjobs", ns, "going"), {"metadata": {"finalizers": None}})
+
+
 def test_a_job_created_again_under_the_same_name_starts_afresh(kube, ns, controller):
     make_node(kube, "node-a", 32)
     tj = training_job("again", ps=1, workers=1)

@@ -113,11 +113,16 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
     """Rebuild the shared training state from the TrainingJobs' status (the shape the
     controller decided) in arrival order. What runs is booked even where a node is now
     overcommitted; a job is queued again only when a node its shape names is gone. A job
-    whose spec cannot run keeps its pods, counted as foreign (nothing double-books them)."""
+    whose spec cannot run keeps its pods, counted as foreign (nothing double-books them), and
+    so does a job being deleted (a foreground deletion or a finalizer holds it while the garbage
+    collector removes its pods: it is not run, reshaped or given pods again)."""
     order = sorted(objs.jobs, key=lambda o: (ko.epoch_s(ko.meta(o).get("creationTimestamp")), ko.meta(o)["name"]))
-    specs, invalid, done = [], {}, set()
+    specs, invalid, done, going = [], {}, set(), set()
     for tj in order:
         name = ko.meta(tj)["name"]
+        if ko.deleting(tj):
+            going.add(name)
+            continue
         if (tj.get("status") or {}).get("phase") == "Succeeded":
             done.add(name)
             continue
@@ -133,7 +138,7 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
         for c in containers:
             if c.node in cordoned:
                 held[c.node] = held.get(c.node, Resources()) + c.res
-    view = TrainingView(ClusterState(_nodes(objs, set(invalid), held)), invalid=invalid, done=done)
+    view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held)), invalid=invalid, done=done)
     for tj, spec, containers in specs:
         name, st = spec.id, tj.get("status") or {}
         if any(c.node not in view.state.free for c in containers):
