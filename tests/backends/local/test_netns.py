@@ -195,6 +195,26 @@ def test_set_bandwidth_shapes_both_ends_and_can_be_removed():
         tb.set_bandwidth(0, 10)
 
 
+def test_removing_a_limit_that_is_not_there_is_done_but_other_tc_failures_are_not():
+    """tc exits 2 both when the device has no root qdisc to delete (done: already unlimited)
+    and on other errors such as EPERM, which must not pass for a removed limit."""
+    class Tc(FakeRun):
+        def __init__(self, err):
+            super().__init__()
+            self.err = err
+
+        def __call__(self, argv, **kw):
+            if argv[:1] == ["tc"] and "del" in argv:
+                self.calls.append(list(argv))
+                return subprocess.CompletedProcess(argv, 2, "", self.err)
+            return super().__call__(argv, **kw)
+
+    Testbed(1, run=Tc("Error: Cannot delete qdisc with handle of zero.\n"), pid=PID).set_bandwidth(0, None)
+    tb = Testbed(1, run=Tc("RTNETLINK answers: Operation not permitted\n"), pid=PID)
+    with pytest.raises(NetnsError, match="exit 2: RTNETLINK answers: Operation not permitted"):
+        tb.set_bandwidth(0, None)
+
+
 def test_exec_argv_and_host_lookup():
     tb = Testbed(2, run=FakeRun(), pid=PID)
     assert tb.exec_argv(1, ["python", "-c", "print(1)"]) == ["ip", "netns", "exec", "rmr-4242-h1", "python", "-c", "print(1)"]
