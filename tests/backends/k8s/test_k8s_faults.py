@@ -234,6 +234,31 @@ def test_a_late_watch_event_does_not_undo_our_own_write():
     assert r.get("n/o")["v"] == "old"
 
 
+def test_a_watch_that_ends_at_once_is_not_reopened_in_a_tight_loop():
+    """A proxy that closes every watch stream cleanly and at once: the reflector waits its
+    back-off before the next watch instead of sending requests as fast as they return."""
+    import threading
+
+    class Closing:
+        def __init__(self):
+            self.watches = 0
+
+        def list(self, path, label_selector=None):
+            return [], "1"
+
+        def watch(self, path, rv, timeout_s, selector):
+            self.watches += 1
+            return iter(())
+
+    kube = Closing()
+    r = Reflector(kube, "/x", backoff_s=0.1).start()
+    try:
+        threading.Event().wait(0.5)
+    finally:
+        r.stop()
+    assert 1 <= kube.watches <= 8  # about one per back-off, not thousands
+
+
 def test_a_p99_beyond_the_last_bucket_is_published_as_a_miss():
     def fam(inf):
         return {"reamer_x": {"type": "histogram", "samples": [

@@ -305,10 +305,16 @@ class Reflector:
                 if not self.synced.is_set() or self.clock() - last_list >= self.resync_s:
                     self.relist()
                     last_list = self.clock()
+                opened, events = self.clock(), 0
                 for typ, obj in self.kube.watch(self.path, self.store.resource_version, self.watch_s, self.selector):
+                    events += 1
                     self._event(typ, obj)
                     if self._stop.is_set() or self.clock() - last_list >= self.resync_s:
                         break
+                else:
+                    if not events and self.clock() - opened < min(1.0, self.watch_s):
+                        # ended at once and cleanly (a proxy closing streams): not a tight loop of requests
+                        self._stop.wait(self.backoff_s)
             except ApiError as e:
                 if e.status:  # the server answered (410 Gone, an error): list again
                     log.info("watch %s: %s; re-listing", self.path, e)
