@@ -5,7 +5,7 @@ A run with a **state folder** is crash-safe: what runs where (``run.json``), the
 and the logs live there. A ``kill -9`` of the controller leaves the workloads training (their
 telemetry goes to files, not to a pipe that would kill them); the next run on the same
 folder has them leave cleanly (workers after their step, each PS writing a last checkpoint),
-sweeps what the dead run left (cgroups under ``CGROUP_PREFIX``, namespaces of dead owners)
+sweeps what the dead run left (cgroups under ``CGROUP_PREFIX``, namespaces under ``NETNS_PREFIX``)
 and resumes every job from its checkpoint — or, with ``fresh``, discards the record and
 starts over — and says which. The folder is removed only when the run finished cleanly and
 ``keep_state`` is off. One run per machine holds the lock (:func:`run_lock`), so the sweep
@@ -93,9 +93,12 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 def sweep_leftovers(cgroup_root: Path = CGROUP_ROOT) -> list[str]:
     """What a crashed (``kill -9``) run left: its cgroups (and the processes in them) and its
-    namespaces (whose owner pid is dead). Every run does this first. Returns what it removed."""
+    namespaces. Every run does this first, holding the machine's run lock, so every namespace
+    of the prefix but this process's own is a dead run's, even where its owner's pid now
+    belongs to another process. Returns what it removed."""
     executor = CgroupExecutor(cgroup_root, prefix=CGROUP_PREFIX, controllers=("cpu", "cpuset"))
-    return executor.sweep(kill=True) + sweep_namespaces(NETNS_PREFIX)
+    me = os.getpid()
+    return executor.sweep(kill=True) + sweep_namespaces(NETNS_PREFIX, alive=lambda pid: pid == me)
 
 
 def local_nodes(sc: LocalScenario) -> list[LocalNode]:
