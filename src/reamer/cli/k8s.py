@@ -27,8 +27,8 @@ Interval = Annotated[float, typer.Option(min=0.1, help="seconds between control 
 MetricsPort = Annotated[int | None, typer.Option(min=0, max=65535, help="serve /metrics /healthz /readyz on this port "
                                                                         "(0: any free)")]
 MetricsHost = Annotated[str, typer.Option(help="address for --metrics-port (loopback unless told)")]
-DashboardPort = Annotated[int | None, typer.Option(min=0, max=65535, help="serve the live dashboard on this port (0: any free; "
-                                                        "bound to --metrics-host)")]
+DashboardPort = Annotated[int | None, typer.Option(min=0, max=65535, help="serve the live dashboard on this port "
+                                                                          "(0: any free; bound to --metrics-host)")]
 CrashAt = Annotated[list[str] | None, typer.Option(hidden=True, help="fault injection for restart tests: POINT[:N]")]
 
 
@@ -50,7 +50,8 @@ def _connect(kubeconfig: str | None):
     try:
         return Kube.connect(kubeconfig)
     except Exception as e:  # a broken kubeconfig: one line, exit 2
-        raise InputError(kubeconfig or "kubeconfig", "file", "a readable kubeconfig", " ".join(str(e).split())) from None
+        why = " ".join(str(e).split())  # the client's message, on one line
+        raise InputError(kubeconfig or "kubeconfig", "file", "a readable kubeconfig", why) from None
 
 
 def _serve(component: str, interval_s: float, port: int | None, host: str, ready, stream=None):

@@ -60,12 +60,12 @@ def pod_reports(objs: ClusterObjects) -> dict[str, PodReport]:
 
 def job_telemetry(containers: list[Container], pod_of: dict[str, str], namespace: str,
                   reports: dict[str, PodReport], after: float,
-                  pod_uids: Mapping[str, str] | None = None) -> tuple[JobTelemetry | None, dict[str, float]]:
+                  pod_uids: Mapping[str, str]) -> tuple[JobTelemetry | None, dict[str, float]]:
     """A job's telemetry from the reports newer than ``after`` (each report is one sample for
     the policy), and the latest ``reamer_train_samples_total`` of each of its workers' pods
-    (what the controller banks progress from). With ``pod_uids`` (pod name → uid of this job's
-    pods), a report of another pod of the same name (an earlier job's, under the same job
-    name) is not this job's."""
+    (what the controller banks progress from). ``pod_uids`` (pod name → uid of this job's pods):
+    a report of another pod of the same name (an earlier job's, under the same job name) is
+    not this job's."""
     tel: dict[str, ContainerTelemetry] = {}
     speed: float | None = None
     counters: dict[str, float] = {}
@@ -75,7 +75,7 @@ def job_telemetry(containers: list[Container], pod_of: dict[str, str], namespace
         r = reports.get(f"{namespace}/{pod}")
         if r is None:
             continue
-        if pod_uids is not None and r.entry.get("uid") and r.entry["uid"] != pod_uids.get(pod):
+        if r.entry.get("uid") and r.entry["uid"] != pod_uids.get(pod):
             continue
         total = r.metric(SAMPLES)
         if c.role is Role.WORKER and total is not None:

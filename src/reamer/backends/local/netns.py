@@ -26,7 +26,7 @@ import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,8 +84,7 @@ def pid_alive(pid: int) -> bool:
 NO_QDISC = ("Cannot delete qdisc with handle of zero", "RTNETLINK answers: No such file or directory")
 
 
-def _call(run: Runner, argv: list[str], expected: str, timeout_s: float, ok_codes: Iterable[int] = (0,),
-          ok_when: tuple[str, ...] = ()) -> str:
+def _call(run: Runner, argv: list[str], expected: str, timeout_s: float, ok_when: tuple[str, ...] = ()) -> str:
     """The one place that runs a command. Returns stdout; raises a one-line NetnsError. A
     failure whose message holds one of ``ok_when`` counts as done."""
     try:
@@ -96,7 +95,7 @@ def _call(run: Runner, argv: list[str], expected: str, timeout_s: float, ok_code
         raise NetnsError(argv, expected, f"timed out after {timeout_s}s") from None
     except OSError as err:
         raise NetnsError(argv, expected, err.strerror or str(err)) from None
-    if res.returncode not in tuple(ok_codes):
+    if res.returncode != 0:
         msg = (res.stderr or "").strip() or (res.stdout or "").strip() or "no output"
         if any(s in msg for s in ok_when):
             return res.stdout or ""
@@ -210,8 +209,8 @@ class Testbed:
             raise
 
     # ------------------------------------------------------------------ commands
-    def _ip(self, argv: list[str], expected: str, ok_codes: Iterable[int] = (0,)) -> str:
-        return _call(self._run, ["ip", *argv], expected, self.timeout_s, ok_codes)
+    def _ip(self, argv: list[str], expected: str) -> str:
+        return _call(self._run, ["ip", *argv], expected, self.timeout_s)
 
     def _add_namespace(self, name: str) -> None:
         self._ip(["netns", "add", name], f"a new namespace {name} (sweep leftovers or use another prefix)")
