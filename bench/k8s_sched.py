@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import OPENB_NODES, OPENB_PODS
 
 from reamer.backends.k8s.cluster import Informers
-from reamer.backends.k8s.devcluster import DevCluster, find_binaries
+from reamer.backends.k8s.devcluster import DevCluster, add_node, find_binaries
 from reamer.backends.k8s.inference import K8sInference
-from reamer.backends.k8s.kube import Kube, custom, nodes
+from reamer.backends.k8s.kube import Kube, custom
 from reamer.cli.k8s import crds
 from reamer.domain import Node
 from reamer.domain.inference import (
@@ -110,7 +110,7 @@ def binds(nodes_: list[Node], load: dict[str, float], pods: int, workdir: Path) 
         t0 = time.perf_counter()
         for i, n in enumerate(nodes_):
             alloc = {"cpu": str(n.cores), "memory": f"{int(n.mem_mib)}Mi", "nvidia.com/gpu": str(int(n.gpus))}
-            kube.create(nodes(), {"metadata": {"name": n.name}, "status": {"capacity": alloc, "allocatable": alloc}})
+            add_node(kube, n.name, alloc)
             kube.create(custom("nodeslacks"), {"apiVersion": "reamer.io/v1alpha1", "kind": "NodeSlack",
                                                "metadata": {"name": n.name}, "spec": {}})
             if i % 250 == 0:

@@ -11,6 +11,7 @@ from reamer.domain import (
     TrainingJob,
 )
 from reamer.policies.placement import FreeMap, gang_order
+from reamer.policies.static import request_of
 
 
 def _free(*cores):
@@ -26,12 +27,51 @@ def _running(one_node):
 
 def test_a_container_added_to_a_one_pod_job_goes_to_its_node_only():
     free = _free(8, 4, 8)
-    assert free.home(_running(False)) is None
-    assert free.home(_running(False), np.array([True, False, True])).tolist() == [True, False, True]
-    assert free.home(_running(True)).tolist() == [False, True, False]
-    assert free.home(_running(True), np.array([True, False, True])).tolist() == [False, False, False]
-    p = free.place_one(Role.WORKER, Resources(2, 512), "spread", allowed=free.home(_running(True)))
+    w = Role.WORKER
+    assert free.home(_running(False), w) is None
+    assert free.home(_running(False), w, np.array([True, False, True])).tolist() == [True, False, True]
+    assert free.home(_running(True), w).tolist() == [False, True, False]
+    assert free.home(_running(True), w, np.array([True, False, True])).tolist() == [False, False, False]
+    p = free.place_one(Role.WORKER, Resources(2, 512), "spread", allowed=free.home(_running(True), w))
     assert p.node == "n1"  # spread alone would take an emptier node
+
+
+def _pinned(ps_nodes, worker_nodes, one_node=False, workers=2):
+    return TrainingJob("q", "resnet50", 0.0, 1e4, 1, workers, Resources(1, 512), Resources(2, 512),
+                       one_node=one_node, ps_nodes=ps_nodes, worker_nodes=worker_nodes)
+
+
+def test_a_gang_goes_only_to_the_nodes_each_role_allows():
+    free = _free(8, 1, 8, 8)
+    spec = _pinned(frozenset({"n1"}), frozenset({"n2", "n3"}))
+    placed = free.place_gang(request_of(spec), "spread", spec=spec)
+    assert sorted((p.role.value, p.node) for p in placed) == [("ps", "n1"), ("worker", "n2"), ("worker", "n3")]
+    # the PS's only node is now full: the gang waits, and keeps nothing
+    before = free.free.copy()
+    assert free.place_gang(request_of(spec), "spread", spec=spec) is None
+    assert (free.free == before).all()
+    # unpinned, the same request fits (n0 is empty)
+    assert free.place_gang(request_of(spec), "spread") is not None
+
+
+def test_a_one_pod_gang_goes_to_a_node_both_roles_allow():
+    free = _free(8, 8, 8)
+    spec = _pinned(frozenset({"n0", "n2"}), frozenset({"n1", "n2"}), one_node=True)
+    assert {p.node for p in free.place_gang(request_of(spec), "spread", one_node=True, spec=spec)} == {"n2"}
+    spec = _pinned(frozenset({"n0"}), frozenset({"n1"}), one_node=True)
+    assert free.place_gang(request_of(spec), "spread", one_node=True, spec=spec) is None
+
+
+def test_an_added_container_goes_only_where_its_role_is_allowed():
+    free = _free(8, 8, 8)
+    spec = _pinned(None, frozenset({"n2"}))
+    job = JobView(spec, JobState.RUNNING, (Container("q/ps0", "q", Role.PS, "n0", spec.ps_res),
+                                            Container("q/worker1", "q", Role.WORKER, "n2", spec.worker_res)))
+    assert free.home(job, Role.PS) is None
+    assert free.home(job, Role.WORKER).tolist() == [False, False, True]
+    assert free.home(job, Role.WORKER, np.array([True, True, False])).tolist() == [False, False, False]
+    p = free.place_one(Role.WORKER, spec.worker_res, "pack", allowed=free.home(job, Role.WORKER))
+    assert p.node == "n2"
 
 
 def test_a_one_node_gang_goes_where_the_whole_fits_or_nowhere():

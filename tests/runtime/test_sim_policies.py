@@ -56,4 +56,25 @@ def test_a_job_that_fits_no_node_is_named_in_a_warning_and_left_unfinished():
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert r.metrics["unfinished"] == 3
-    assert [rec.getMessage().split(" (")[0] for rec in records] == ["3 of 3 jobs request a container that fits no node"]
+    assert [rec.getMessage().split(" (")[0] for rec in records] == ["3 of 3 jobs request a container that fits no node they may use"]
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_every_policy_places_containers_only_on_the_nodes_their_job_allows(tmp_path, policy):
+    """Each placement is validated by the shared state (a container on a node its job does not
+    allow raises), so a run that finishes placed every PS and worker where it may go."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from reamer.models.profiles import shipped_profiles
+    from reamer.workloads.build import build_jobs, build_nodes
+
+    sc = parse_scenario({"name": "pinned", "seed": 5, "cluster": {"node_pools": POOLS},
+                         "workload": {"kind": "synthetic", "jobs": 16, "gpus_per_worker": 1}}, "pinned")
+    prof = shipped_profiles()
+    jobs = build_jobs(sc, build_nodes(sc), prof.calibration, np.random.default_rng(0), prof.models)
+    ps_only, workers_only = frozenset({"cpu-0002"}), frozenset({"gpu-0001", "cpu-0000"})
+    pinned = [replace(j, ps_nodes=ps_only, worker_nodes=workers_only) if k % 2 else j for k, j in enumerate(jobs)]
+    r = simulate(sc, policy, jobs=pinned)
+    assert r.unfinished == 0

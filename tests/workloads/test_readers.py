@@ -154,9 +154,23 @@ def test_openb_filters_by_qos_and_phase_and_keeps_recorded_durations(tmp_path):
         _openb(tmp_path, POD_HEADER + PODS, pod_phases=["Succeeded"])
 
 
-def test_openb_rejects_pods_pinned_to_gpu_models(tmp_path):
-    with pytest.raises(InputError, match=r"pods\.csv: row 3, field gpu_spec: expected empty .*got 'V100M32'"):
-        _openb(tmp_path, POD_HEADER + PODS.replace("p1,4000,1024,1,500,,", "p1,4000,1024,1,500,V100M32,"))
+def test_openb_pods_pinned_to_gpu_models_go_only_to_nodes_of_those_models(tmp_path):
+    p = tmp_path / "pods.csv"
+    p.write_text(POD_HEADER + PODS.replace("p1,4000,1024,1,500,,", "p1,4000,1024,1,500,V100M32|T4,"))
+    base = load_scenario(None)
+    pool = base.cluster.node_pools[0]
+    pools = [pool.model_copy(update={"name": m.lower(), "count": 2, "gpus": 8, "gpu_model": m})
+             for m in ("V100M32", "T4", "P100")]
+    sc = base.model_copy(update={"cluster": base.cluster.model_copy(update={"node_pools": pools}),
+                                 "workload": Openb(pod_list=p)})
+    jobs = {j.id: j for j in build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))}
+    assert jobs["p1"].worker_nodes == {"v100m32-0000", "v100m32-0001", "t4-0000", "t4-0001"}
+    assert jobs["p1"].ps_nodes is None  # the PS Reamer adds is a CPU container: any node
+    assert jobs["p0"].worker_nodes is None and jobs["p2"].worker_nodes is None
+    p.write_text(POD_HEADER + PODS.replace("p1,4000,1024,1,500,,", "p1,4000,1024,1,500,A100,"))
+    with pytest.raises(InputError, match=r"pods\.csv: row 3, field gpu_spec: expected GPU models separated by '\|', "
+                                         r"at least one of this cluster's \(P100, T4, V100M32\), got 'A100'"):
+        build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))
 
 
 def test_a_packing_only_pod_list_needs_a_duration(tmp_path):

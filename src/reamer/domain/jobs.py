@@ -24,6 +24,11 @@ class TrainingJob:
 
     ``one_node``: the job's PS and workers are the containers of one pod (openb's GPU pods): they
     are placed on one node, and their gradient traffic stays in the host, off the NIC.
+
+    ``ps_nodes``/``worker_nodes`` (optional): the only nodes a PS / a worker may be placed on (a pod
+    template's node selector, required node affinity and tolerated taints; an openb pod's allowed
+    GPU models); None: any node. A placement is checked when it is decided; a container already
+    running stays where it is when the set changes (Kubernetes' IgnoredDuringExecution).
     """
 
     id: str
@@ -40,6 +45,8 @@ class TrainingJob:
     max_cores_per_container: float = 16.0
     duration_s: float | None = None
     one_node: bool = False
+    ps_nodes: frozenset[str] | None = None
+    worker_nodes: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):
@@ -48,6 +55,10 @@ class TrainingJob:
     @property
     def request(self) -> Resources:
         return self.ps_res.scale(self.ps) + self.worker_res.scale(self.workers)
+
+    def nodes_for(self, role: Role) -> frozenset[str] | None:
+        """The nodes a container of ``role`` may be placed on (None: any)."""
+        return self.ps_nodes if role is Role.PS else self.worker_nodes
 
 
 class JobState(StrEnum):

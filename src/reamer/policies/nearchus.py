@@ -167,7 +167,7 @@ class Nearchus:
         self._adding: set[str] = set()  # jobs whose added containers are still to be confirmed (_sync)
         self._free: FreeMap | None = None
         # the queue by request; a request whose smallest shape did not fit is skipped for the round
-        self._queue = RequestGroups(lambda s: (s.ps_res, s.worker_res, s.one_node))
+        self._queue = RequestGroups(lambda s: (s.ps_res, s.worker_res, s.one_node, s.ps_nodes, s.worker_nodes))
         self._cpu_growth_ok = False
         # per node (FreeMap order): measured NIC utilization (last telemetry); None: nothing measured
         self._nic: np.ndarray | None = None
@@ -399,7 +399,7 @@ class Nearchus:
                 return []
             expect = self._expected_gbps(job, role, tel)
             p = free.place_one(role, tmpl, self.cfg.placement, self._crowd, keep_gpus=True,
-                               allowed=free.home(job, self._nic_ok(free, expect)), gpu_fit=self.cfg.gpu_fit)
+                               allowed=free.home(job, role, self._nic_ok(free, expect)), gpu_fit=self.cfg.gpu_fit)
             if p is None:
                 return []
             self._crowd[free.index[p.node]] += 1
@@ -514,7 +514,7 @@ class Nearchus:
                 if k > 0 and thin_ok is False:
                     thin_ok = self._nic_ok(free)
                 placed = free.place_gang(shape, self.cfg.placement, thin_ok if k > 0 else None, self.cfg.gpu_fit,
-                                         s.one_node, ordered=True)
+                                         s.one_node, ordered=True, spec=s)
                 if placed is not None:
                     out.append(StartJob(job.id, placed))
                     self.jobs.pop(job.id, None)  # a restarted job's state goes to the end, new
@@ -549,7 +549,7 @@ class Nearchus:
                     dec.append(Resize(c.id, new))
             for _ in range(spec.workers - len(job.of_role(Role.WORKER))):
                 p = free.place_one(Role.WORKER, spec.worker_res, self.cfg.placement, self._crowd, keep_gpus=True,
-                                   allowed=free.home(job), gpu_fit=self.cfg.gpu_fit)
+                                   allowed=free.home(job, Role.WORKER), gpu_fit=self.cfg.gpu_fit)
                 if p is None:
                     short = True
                     break
@@ -567,7 +567,7 @@ class Nearchus:
         ``running``: the running jobs by id, once synced (None: not yet this round)."""
         head = snap.queue[0].spec
         need = [(Role.PS, head.ps_res), (Role.WORKER, head.worker_res)]
-        trial = free.place_gang(need, self.cfg.placement, gpu_fit=self.cfg.gpu_fit, one_node=head.one_node)
+        trial = free.place_gang(need, self.cfg.placement, gpu_fit=self.cfg.gpu_fit, one_node=head.one_node, spec=head)
         if trial is not None:
             for p in trial:
                 free.release(p)
@@ -576,8 +576,11 @@ class Nearchus:
             running = self._sync(snap, None)
         want = np.array((head.worker_res.cpu + head.ps_res.cpu, head.worker_res.mem_mib + head.ps_res.mem_mib,
                          head.worker_res.gpu))
-        if want[2] > 0 and not (free.free[:, 2] >= want[2] - 1e-9).any():
-            return self._reclaim_gpu(running, free, want, snap.now)
+        usable = free.allowed(head, Role.PS, free.allowed(head, Role.WORKER))  # the head's nodes (None: any)
+        if want[2] > 0:
+            room = free.free[:, 2] >= want[2] - 1e-9
+            if not (room if usable is None else room & usable).any():
+                return self._reclaim_gpu(running, free, want, snap.now, usable)
         # what increments could give back, per node
         back: dict[str, list[tuple[float, str, _Change]]] = {}
         gives = {}  # node -> resources the increments there would give back
@@ -598,6 +601,8 @@ class Nearchus:
         best: tuple[float, str] | None = None
         for node in back:
             i = free.index[node]
+            if usable is not None and not usable[i]:
+                continue
             missing = np.maximum(want - free.free[i], 0.0)
             if (missing > gives[node] + 1e-9).any():
                 continue  # even all increments here would not make room
@@ -605,7 +610,7 @@ class Nearchus:
             if best is None or cost < best[0]:
                 best = (cost, node)
         if best is None:
-            return self._squeeze(snap, running, free, want)
+            return self._squeeze(snap, running, free, want, usable)
         out: list[Decision] = []
         for _, jid, ch in sorted(back[best[1]], key=lambda x: x[0]):
             if jid not in self.jobs or not self.jobs[jid].increments or self.jobs[jid].increments[-1] is not ch:
@@ -618,10 +623,11 @@ class Nearchus:
                 break
         return out
 
-    def _reclaim_gpu(self, running: dict[str, JobView], free: FreeMap, want: np.ndarray, now: float) -> list[Decision]:
+    def _reclaim_gpu(self, running: dict[str, JobView], free: FreeMap, want: np.ndarray, now: float,
+                     usable: np.ndarray | None) -> list[Decision]:
         """The head waits for a GPU share no node has free: remove GPU workers that NEARCHUS
         added (any kept increment, not only the latest), least gain per core first, on the
-        node where the fewest must go."""
+        node where the fewest must go (of the ``usable`` nodes, None: all)."""
         cands: dict[str, list[tuple[float, str, _Change, str, np.ndarray]]] = {}
         for jid, st in self.jobs.items():
             if jid not in running:
@@ -637,6 +643,8 @@ class Nearchus:
                             (ch.gain_per_core, jid, ch, cid, np.array((c.res.cpu, c.res.mem_mib, c.res.gpu))))
         best = None
         for node, items in cands.items():
+            if usable is not None and not usable[free.index[node]]:
+                continue
             items.sort(key=lambda x: x[0])
             have = free.free[free.index[node]].copy()
             for k, it in enumerate(items, 1):
@@ -659,11 +667,14 @@ class Nearchus:
         return out
 
     def _squeeze(self, snap: ClusterSnapshot, running: dict[str, JobView], free: FreeMap,
-                 want: np.ndarray) -> list[Decision]:
+                 want: np.ndarray, usable: np.ndarray | None) -> list[Decision]:
         """No increments to undo: shrink workers live (a CPU resize needs no restart) on the
-        node where the head lacks only CPU, down to ``min(start_fractions)`` of their request."""
+        node where the head lacks only CPU (of the ``usable`` nodes, None: all), down to
+        ``min(start_fractions)`` of their request."""
         floor = min(self.cfg.start_fractions)
         fits_rest = (free.free[:, 1:] >= want[1:] - 1e-9).all(axis=1)
+        if usable is not None:
+            fits_rest &= usable
         best = None
         for i in np.flatnonzero(fits_rest):
             node = free.names[i]

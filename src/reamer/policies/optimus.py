@@ -95,7 +95,7 @@ class Optimus:
         self._free: FreeMap | None = None
         self._slot: float | None = None  # when the last slot's allocation was made
         # the queue by request: a request the pool did not have room for is skipped for the round
-        self._queue = RequestGroups(lambda s: (s.ps_res, s.worker_res))
+        self._queue = RequestGroups(lambda s: (s.ps_res, s.worker_res, s.ps_nodes, s.worker_nodes))
 
     # ------------------------------------------------------------- the model
     def _observe(self, job: JobView, st: _Job, snap: ClusterSnapshot) -> None:
@@ -290,17 +290,17 @@ class Optimus:
             p, w = target[job.id]
             s = job.spec
             placed = free.place_gang([(Role.PS, s.ps_res)] * p + [(Role.WORKER, s.worker_res)] * w, self.cfg.placement,
-                                     one_node=s.one_node)
+                                     one_node=s.one_node, spec=s)
             if placed is None:
                 placed = free.place_gang([(Role.PS, s.ps_res), (Role.WORKER, s.worker_res)], self.cfg.placement,
-                                         one_node=s.one_node)
+                                         one_node=s.one_node, spec=s)
             if placed is not None:
                 out.append(StartJob(job.id, placed))
                 self.jobs[job.id] = _Job(since=snap.now)
         for job, role, n in adds:
             res = job.spec.ps_res if role is Role.PS else job.spec.worker_res
             for _ in range(n):
-                pl = free.place_one(role, res, self.cfg.placement, allowed=free.home(job))
+                pl = free.place_one(role, res, self.cfg.placement, allowed=free.home(job, role))
                 if pl is None:
                     break
                 out.append(AddContainer(job.id, pl))

@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from reamer.domain import ClusterSnapshot, JobView, Resources, Role
+from reamer.domain import ClusterSnapshot, JobView, Resources, Role, TrainingJob
 from reamer.domain.decisions import Placement
 
 Strategy = Literal["spread", "pack"]
@@ -32,14 +32,15 @@ class FreeMap:
         """``prev``: the caller's FreeMap of an earlier round; its node arrays are reused
         when the node list is the same object (backends keep it across rounds)."""
         if prev is not None and prev.nodes is snap.nodes:
-            self.nodes, self.names, self.index, self.cap, self._norm = (
-                prev.nodes, prev.names, prev.index, prev.cap, prev._norm)
+            self.nodes, self.names, self.index, self.cap, self._norm, self._masks = (
+                prev.nodes, prev.names, prev.index, prev.cap, prev._norm, prev._masks)
         else:
             self.nodes = snap.nodes
             self.names = [n.name for n in snap.nodes]
             self.index = {n: i for i, n in enumerate(self.names)}
             self.cap = np.array([(n.cores, n.mem_mib, n.gpus) for n in snap.nodes], dtype=float)
             self._norm = np.asfortranarray(1.0 / np.maximum(self.cap, 1e-9))
+            self._masks: dict[frozenset[str], np.ndarray] = {}  # a job's allowed nodes -> mask
         self._unfit: list[tuple[float, float, float]] = []  # requests no node could take (place_one)
         if snap.free_rows is not None:
             self.free = np.array(snap.free_rows, order="F")
@@ -122,17 +123,26 @@ class FreeMap:
 
     def place_gang(self, wants: Sequence[tuple[Role, Resources]], strategy: Strategy = "pack",
                    allowed: np.ndarray | None = None, gpu_fit: bool = False,
-                   one_node: bool = False, ordered: bool = False) -> tuple[Placement, ...] | None:
+                   one_node: bool = False, ordered: bool = False,
+                   spec: TrainingJob | None = None) -> tuple[Placement, ...] | None:
         """Place all containers or none (largest first, so big ones are not starved);
         ``one_node``: all on one node that fits them together (a job that is one pod);
-        ``ordered``: ``wants`` is already in :func:`gang_order`."""
+        ``ordered``: ``wants`` is already in :func:`gang_order`; ``spec``: the job, whose
+        allowed nodes per role (:meth:`TrainingJob.nodes_for`) narrow ``allowed``."""
         order = wants if ordered else gang_order(wants)
+        by_role = None
+        if spec is not None and (spec.ps_nodes is not None or spec.worker_nodes is not None):
+            by_role = {r: self.allowed(spec, r, allowed) for r in (Role.PS, Role.WORKER)}
         if one_node:
             total = sum((r for _, r in wants), Resources())
             allowed = self.fits(total) if allowed is None else self.fits(total) & allowed
+            if by_role is not None:  # one node both roles may use
+                allowed = allowed & self.allowed(spec, Role.PS, self.allowed(spec, Role.WORKER))
+                by_role = None
         done: list[Placement] = []
         for role, res in order:
-            p = self.place_one(role, res, strategy, allowed=allowed, gpu_fit=gpu_fit)
+            p = self.place_one(role, res, strategy, allowed=allowed if by_role is None else by_role[role],
+                               gpu_fit=gpu_fit)
             if p is None:
                 for q in done:
                     self.release(q)
@@ -142,15 +152,28 @@ class FreeMap:
                 allowed = self.only(p.node)
         return tuple(done)
 
+    def allowed(self, spec: TrainingJob, role: Role, mask: np.ndarray | None = None) -> np.ndarray | None:
+        """``mask`` (per node, bool; None: every node) narrowed to the nodes a container of
+        ``role`` of ``spec`` may use (None when neither restricts)."""
+        nodes = spec.nodes_for(role)
+        if nodes is None:
+            return mask
+        own = self._masks.get(nodes)
+        if own is None:
+            own = self._masks[nodes] = np.fromiter((n in nodes for n in self.names), dtype=bool, count=len(self.names))
+        return own if mask is None else own & mask
+
     def only(self, node: str) -> np.ndarray:
         """The mask (per node, bool) that allows ``node`` alone."""
         mask = np.zeros(len(self.names), dtype=bool)
         mask[self.index[node]] = True
         return mask
 
-    def home(self, job: JobView, allowed: np.ndarray | None = None) -> np.ndarray | None:
-        """Where a container added to ``job`` may go: ``allowed`` (None: anywhere), narrowed to
-        the job's node when the job is one pod (``one_node``)."""
+    def home(self, job: JobView, role: Role, allowed: np.ndarray | None = None) -> np.ndarray | None:
+        """Where a container of ``role`` added to ``job`` may go: ``allowed`` (None: anywhere),
+        narrowed to the nodes the job allows that role, and to the job's node when the job is one
+        pod (``one_node``)."""
+        allowed = self.allowed(job.spec, role, allowed)
         if not job.spec.one_node or not job.containers:
             return allowed
         mask = self.only(job.containers[0].node)

@@ -27,10 +27,12 @@ def request_of(spec: TrainingJob) -> list[tuple[Role, object]]:
     return [(Role.PS, spec.ps_res)] * spec.ps + [(Role.WORKER, spec.worker_res)] * spec.workers
 
 
-def shape_of(spec: TrainingJob) -> tuple[float, ...]:
-    """A job's request as plain numbers, and whether it is one pod (jobs with the same place alike)."""
+def shape_of(spec: TrainingJob) -> tuple:
+    """A job's request as plain numbers, whether it is one pod and the nodes it may use (jobs
+    with the same place alike)."""
     p, w = spec.ps_res, spec.worker_res
-    return (spec.ps, p.cpu, p.mem_mib, p.gpu, spec.workers, w.cpu, w.mem_mib, w.gpu, spec.one_node)
+    return (spec.ps, p.cpu, p.mem_mib, p.gpu, spec.workers, w.cpu, w.mem_mib, w.gpu, spec.one_node,
+            spec.ps_nodes, spec.worker_nodes)
 
 
 class Static:
@@ -60,7 +62,8 @@ class Static:
             (c, m, g), wants = got
             placed = None
             if c <= cpu * (1 + 1e-9) + 1e-6 and m <= mem * (1 + 1e-9) + 1e-6 and g <= gpu * (1 + 1e-9) + 1e-6:
-                placed = free.place_gang(wants, self.cfg.placement, one_node=job.spec.one_node, ordered=True)
+                placed = free.place_gang(wants, self.cfg.placement, one_node=job.spec.one_node, ordered=True,
+                                         spec=job.spec)
             if placed is None:  # this request does not fit now, nor will it later this round
                 groups.miss(key)
                 if not self.cfg.backfill:

@@ -79,25 +79,28 @@ SERIES_KEYS = ("t", "queue", "running", "cpu_used_pct", "gpu_used_pct", "cpu_all
 
 
 def _warn_oversized(jobs: Sequence[TrainingJob], nodes: Sequence[Node]) -> None:
-    """Log the jobs whose PS or worker request fits no node: they wait until a policy shrinks
-    them (``static`` never does), as a pod that fits no node stays Pending."""
-    shapes = {(n.cores, n.mem_mib, n.gpus) for n in nodes}
-    fits: dict[Resources, bool] = {}
+    """Log the jobs whose PS or worker request fits no node it may use: they wait until a
+    policy shrinks them (``static`` never does), as a pod that fits no node stays Pending."""
+    shapes: dict[frozenset[str] | None, set[tuple[float, float, float]]] = {
+        None: {(n.cores, n.mem_mib, n.gpus) for n in nodes}}
+    fits: dict[tuple[Resources, frozenset[str] | None], bool] = {}
     bad = []
     for j in jobs:
-        for res in (j.ps_res, j.worker_res):
-            ok = fits.get(res)
+        for res, allowed in ((j.ps_res, j.ps_nodes), (j.worker_res, j.worker_nodes)):
+            ok = fits.get((res, allowed))
             if ok is None:
-                ok = fits[res] = any(res.cpu <= c + 1e-9 and res.mem_mib <= m + 1e-9 and res.gpu <= g + 1e-9
-                                     for c, m, g in shapes)  # the placement's tolerance
+                if allowed not in shapes:
+                    shapes[allowed] = {(n.cores, n.mem_mib, n.gpus) for n in nodes if n.name in allowed}
+                ok = fits[res, allowed] = any(res.cpu <= c + 1e-9 and res.mem_mib <= m + 1e-9 and res.gpu <= g + 1e-9
+                                              for c, m, g in shapes[allowed])  # the placement's tolerance
             if not ok:
                 bad.append((j.id, res))
                 break
     if bad:
         jid, res = bad[0]
-        log.warning("%d of %d jobs request a container that fits no node (first: %s, %g cores, %g MiB, %g GPUs); "
-                    "they start only under a policy that shrinks them", len(bad), len(jobs), jid, res.cpu,
-                    res.mem_mib, res.gpu)
+        log.warning("%d of %d jobs request a container that fits no node they may use (first: %s, %g cores, "
+                    "%g MiB, %g GPUs); they start only under a policy that shrinks them", len(bad), len(jobs), jid,
+                    res.cpu, res.mem_mib, res.gpu)
 
 
 def simulate(

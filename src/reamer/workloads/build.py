@@ -120,22 +120,27 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
            models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
     path = wl.pod_list
     pods = []
+    pinned: dict[str, frozenset[str]] = {}  # gpu_spec -> the nodes of its GPU models
     for i, row in read_rows(path, ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"]):
         where = f"line {i}" if path.suffix == ".jsonl" else f"row {i}"
         cpu = number(path, i, row, "cpu_milli", strict=True) / 1000.0
         mem = number(path, i, row, "memory_mib")
         ngpu = integer(path, i, row, "num_gpu")
         gmilli = number(path, i, row, "gpu_milli")
-        if row.get("gpu_spec", "").strip():
-            raise InputError(str(path), f"{where}, field gpu_spec",
-                             "empty (pods pinned to GPU models are not modelled: every GPU node may take any pod)",
-                             row["gpu_spec"])
         if wl.gpu_only and ngpu == 0:
             continue
         if wl.qos is not None and row.get("qos", "").strip() not in wl.qos:
             continue
         if wl.pod_phases is not None and row.get("pod_phase", "").strip() not in wl.pod_phases:
             continue
+        spec = row.get("gpu_spec", "").strip()
+        if spec and spec not in pinned:
+            models_ok = {m.strip() for m in spec.split("|")}
+            pinned[spec] = frozenset(n.name for n in nodes if n.gpu_model in models_ok)
+            if not pinned[spec]:
+                raise InputError(str(path), f"{where}, field gpu_spec",
+                                 f"GPU models separated by '|', at least one of this cluster's "
+                                 f"({', '.join(sorted({n.gpu_model for n in nodes if n.gpu_model})) or 'none'})", spec)
         if row.get("deletion_time", "").strip():
             created = number(path, i, row, "creation_time")
             deleted = number(path, i, row, "deletion_time")
@@ -147,23 +152,23 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
             raise InputError(str(path), f"{where}, field deletion_time",
                              "a pod's recorded times (creation_time, deletion_time), or workload.duration_s "
                              "for a list without them")
-        pods.append((row["name"], cpu, mem, ngpu, gmilli, dur))
+        pods.append((row["name"], cpu, mem, ngpu, gmilli, dur, pinned.get(spec)))
         if wl.max_jobs is not None and len(pods) >= wl.max_jobs:
             break
     if not pods:
         raise InputError(str(path), "rows", "at least one pod")
     total_gpu = sum(n.gpus for n in nodes)
     if total_gpu > 0:
-        demand = np.mean([ng * gm / 1000.0 * d for _, _, _, ng, gm, d in pods])
+        demand = np.mean([ng * gm / 1000.0 * d for _, _, _, ng, gm, d, _ in pods])
         capacity = total_gpu
     else:
-        demand = np.mean([c * d for _, c, _, _, _, d in pods])
+        demand = np.mean([c * d for _, c, _, _, _, d, _ in pods])
         capacity = sum(n.cores for n in nodes)
     mean_gap = demand / (wl.load * capacity) if demand > 0 else 1.0
     speeds: dict[tuple, float] = {}
     jobs = []
     t = 0.0
-    for name, cpu, mem, ngpu, gmilli, dur in pods:
+    for name, cpu, mem, ngpu, gmilli, dur, gpu_nodes in pods:
         t += float(rng.exponential(mean_gap))
         workers = max(1, ngpu)
         gpu_each = (ngpu * gmilli / 1000.0) / workers
@@ -175,7 +180,7 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
         if key not in speeds:
             speeds[key] = request_speed(model, cal, batch, 1, workers, p_res, w_res, nic, models)
         jobs.append(TrainingJob(name, model, t, dur * speeds[key], 1, workers, p_res, w_res, batch,
-                                max_workers=max(16, workers)))
+                                max_workers=max(16, workers), worker_nodes=gpu_nodes))
     return jobs
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.cluster import Informers
-from reamer.backends.k8s.devcluster import DEFAULT_CACHE, DevCluster, find_binaries
+from reamer.backends.k8s.devcluster import DEFAULT_CACHE, DevCluster, add_node, find_binaries
 from reamer.backends.k8s.inference import K8sInference
 from reamer.backends.k8s.kube import ApiError, Kube, custom, nodes, pods
 from reamer.backends.k8s.training import K8sTraining
@@ -103,8 +103,7 @@ def make_node(kube: Kube, name: str, cpu: float, mem_gi: int = 64, gpus: int = 0
     alloc = {"cpu": str(cpu), "memory": f"{mem_gi}Gi", "pods": "110"}
     if gpus:
         alloc["nvidia.com/gpu"] = str(gpus)
-    return kube.create(nodes(), {"metadata": {"name": name, "labels": {"reamer.io/nic-gbps": str(nic_gbps)}},
-                                 "status": {"capacity": alloc, "allocatable": alloc}})
+    return add_node(kube, name, alloc, {"reamer.io/nic-gbps": str(nic_gbps)})
 
 
 class Kubelet:

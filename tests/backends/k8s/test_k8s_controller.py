@@ -8,7 +8,7 @@ import pytest
 from conftest import Kubelet, make_node, publish_slack
 
 from reamer.backends.k8s import objects as ko
-from reamer.backends.k8s.kube import ApiError, custom, pods, services
+from reamer.backends.k8s.kube import ApiError, custom, nodes, pods, services
 from reamer.domain import RemoveContainer, Resize, Resources
 
 
@@ -210,6 +210,74 @@ def test_a_queued_job_says_why_it_waits(kube, ns, controller):
     assert st["phase"] == "Queued" and cond["status"] == "False" and cond["reason"] == "WaitingForResources"
     assert "needs 20 cores" in cond["message"] and "8 cores" in cond["message"]
     assert not job_pods(kube, ns, "huge")
+
+
+def _constrained(name, workers, worker_spec, ps_spec=None, cpu="2"):
+    tj = training_job(name, ps=1, workers=workers, cpu=cpu)
+    tj["spec"]["worker"]["template"]["spec"].update(worker_spec)
+    tj["spec"]["ps"]["template"]["spec"].update(ps_spec or {})
+    return tj
+
+
+def test_pods_go_only_to_the_nodes_their_template_selects_and_whose_taints_they_tolerate(kube, ns, controller):
+    make_node(kube, "node-big", 64)  # spread alone would put every pod here
+    for n in ("node-b", "node-c"):
+        make_node(kube, n, 16)
+    kube.merge_patch(nodes("node-b"), {"metadata": {"labels": {"team": "vision"}}})
+    kube.merge_patch(nodes("node-c"), {"metadata": {"labels": {"team": "vision"}},
+                                       "spec": {"taints": [{"key": "dedicated", "value": "infer",
+                                                            "effect": "NoSchedule"}]}})
+    kube.create(custom("trainingjobs", ns), _constrained("pinned", 2, {"nodeSelector": {"team": "vision"}}))
+    by_name = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-c"]}]}]}}
+    kube.create(custom("trainingjobs", ns), _constrained(
+        "tolerant", 1, {"affinity": {"nodeAffinity": by_name},
+                        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]}))
+    kube.create(custom("trainingjobs", ns), _constrained("untolerated", 1, {"affinity": {"nodeAffinity": by_name}}))
+    c = controller(policy="static")
+    c.round()
+    where = lambda job: sorted((ko.labels(p)[ko.ROLE], p["spec"]["nodeName"]) for p in job_pods(kube, ns, job))
+    # the PS template has no constraint: it goes where spread puts it; workers only to node-b
+    # (node-c has the team label but a taint they do not tolerate)
+    assert where("pinned") == [("ps", "node-big"), ("worker", "node-b"), ("worker", "node-b")]
+    assert where("tolerant") == [("ps", "node-big"), ("worker", "node-c")]
+    assert where("untolerated") == []
+    st = kube.get(custom("trainingjobs", ns, "untolerated"))["status"]
+    cond = next(x for x in st["conditions"] if x["type"] == "Scheduled")
+    assert (st["phase"], cond["reason"]) == ("Queued", "NoMatchingNode")
+    assert cond["message"].startswith("no node matches spec.worker.template")
+    # the pod template is kept as written (a kubelet that checks the node selector admits it)
+    pinned = next(p for p in job_pods(kube, ns, "pinned") if ko.labels(p)[ko.ROLE] == "worker")
+    assert pinned["spec"]["nodeSelector"] == {"team": "vision"}
+
+
+def test_a_queued_pinned_job_is_measured_against_the_nodes_it_may_use(kube, ns, controller):
+    make_node(kube, "node-big", 64)
+    make_node(kube, "node-small", 4)
+    kube.merge_patch(nodes("node-small"), {"metadata": {"labels": {"size": "small"}}})
+    kube.create(custom("trainingjobs", ns), _constrained("wide", 2, {"nodeSelector": {"size": "small"}}, cpu="3"))
+    c = controller(policy="static")
+    c.round()
+    assert not job_pods(kube, ns, "wide")
+    cond = next(x for x in kube.get(custom("trainingjobs", ns, "wide"))["status"]["conditions"]
+                if x["type"] == "Scheduled")
+    assert cond["reason"] == "WaitingForResources"
+    assert cond["message"].endswith("the freest node its workers may use has 4 cores, 0 GPUs free")
+
+
+def test_a_node_constraint_kubernetes_would_refuse_makes_the_job_invalid(kube, ns, controller):
+    make_node(kube, "node-a", 32)
+    bad = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "team", "operator": "Near", "values": ["vision"]}]}]}}
+    kube.create(custom("trainingjobs", ns), _constrained("odd", 1, {"affinity": {"nodeAffinity": bad}}))
+    kube.create(custom("trainingjobs", ns), training_job("fine", ps=1, workers=1))
+    c = controller()
+    c.round()
+    st = kube.get(custom("trainingjobs", ns, "odd"))["status"]
+    cond = next(x for x in st["conditions"] if x["type"] == "Invalid")
+    assert (st["phase"], cond["reason"]) == ("Invalid", "InvalidNodeConstraint")
+    assert "spec.worker.template.spec.affinity.nodeAffinity" in cond["message"] and "'Near'" in cond["message"]
+    assert not job_pods(kube, ns, "odd") and len(job_pods(kube, ns, "fine")) == 2
 
 
 def test_a_conflicting_write_drops_the_decision_and_the_next_round_redecides(kube, ns, controller):

@@ -13,6 +13,7 @@ from reamer.backends.sim import SimCluster
 from reamer.backends.state import ClusterState, Growth, Launch, Reshape, SetQuota, Stop
 from reamer.domain import (
     AddContainer,
+    Container,
     JobState,
     Node,
     Preempt,
@@ -135,6 +136,27 @@ def test_a_job_that_is_one_pod_is_refused_a_second_node():
     with pytest.raises(InvalidDecision, match="stay on a, not b"):
         st.apply(AddContainer("p", Placement(Role.WORKER, "b", Resources(2, 512))), 1.0)
     assert [c.node for c in st.apply(AddContainer("p", Placement(Role.WORKER, "a", Resources(2, 512))), 1.0).added] == ["a"]
+
+
+def test_a_container_is_refused_a_node_its_job_does_not_allow_its_role_but_restored_there():
+    pinned = TrainingJob("p", "resnet50", 0.0, 1e5, 1, 1, Resources(1, 512), Resources(2, 512),
+                         ps_nodes=frozenset({"a"}), worker_nodes=frozenset({"a"}))
+    st = ClusterState(NODES)
+    st.submit(pinned, 0.0)
+    before = dict(st.free)
+    with pytest.raises(InvalidDecision, match="job p: a worker may not run on b \\(its nodes: a\\)"):
+        st.apply(StartJob("p", START.placements), 0.0)
+    assert st.free == before and "p" in st.queue
+    st.apply(StartJob("p", (Placement(Role.PS, "a", Resources(1, 512)), Placement(Role.WORKER, "a", Resources(2, 512)))),
+             0.0)
+    with pytest.raises(InvalidDecision, match="may not run on b"):
+        st.apply(AddContainer("p", Placement(Role.WORKER, "b", Resources(2, 512))), 1.0)
+    # a controller rebuilding its state books what runs, even where the job no longer allows it
+    # (a node's labels changed since: Kubernetes' IgnoredDuringExecution)
+    again = ClusterState(NODES)
+    again.restore(pinned, [Container("p/ps0", "p", Role.PS, "b", Resources(1, 512)),
+                           Container("p/worker1", "p", Role.WORKER, "b", Resources(2, 512))], next_id=2, queued_since=0)
+    assert "p" in again.running
 
 
 def test_growth_is_what_decisions_are_about_to_take():

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.affinity import Eligibility
 from reamer.backends.k8s.kube import Kube, Obj, Reflector, custom, nodes, pods
 from reamer.backends.state.training import ClusterState
 from reamer.domain import Container, Node, Resources
@@ -112,12 +113,14 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
                    on_invalid: Callable[[str, ko.SpecError], None] | None = None) -> TrainingView:
     """Rebuild the shared training state from the TrainingJobs' status (the shape the
     controller decided) in arrival order. What runs is booked even where a node is now
-    overcommitted; a job is queued again only when a node its shape names is gone. A job
+    overcommitted; a job is queued again only when a node its shape names is gone. Each role may
+    be placed only on the nodes its pod template allows (:mod:`reamer.backends.k8s.affinity`). A job
     whose spec cannot run keeps its pods, counted as foreign (nothing double-books them), and
     so does a job being deleted (a foreground deletion or a finalizer holds it while the garbage
     collector removes its pods: it is not run, reshaped or given pods again)."""
     order = sorted(objs.jobs, key=lambda o: (ko.epoch_s(ko.meta(o).get("creationTimestamp")), ko.meta(o)["name"]))
     specs, invalid, done, going = [], {}, set(), set()
+    eligible = Eligibility(objs.nodes)  # the nodes each role's pod template allows
     for tj in order:
         name = ko.meta(tj)["name"]
         if ko.deleting(tj):
@@ -127,7 +130,10 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
             done.add(name)
             continue
         try:
-            specs.append((tj, ko.training_job(tj, models), ko.status_containers(name, tj.get("status") or {})))
+            spec = ko.training_job(tj, models)
+            spec = replace(spec, **{f"{role}_nodes": eligible.of(tj["spec"][role].get("template"),
+                                                                  f"spec.{role}.template") for role in ("ps", "worker")})
+            specs.append((tj, spec, ko.status_containers(name, tj.get("status") or {})))
         except (ko.SpecError, KeyError, ValueError, TypeError) as e:
             invalid[name] = e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e))
             if on_invalid:

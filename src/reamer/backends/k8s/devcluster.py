@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from reamer.backends.k8s.kube import Kube, nodes
+
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE = Path.home() / ".cache" / "reamer" / "k8s-1.20.2"
@@ -155,3 +157,13 @@ class DevCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def add_node(kube: Kube, name: str, allocatable: dict[str, str], labels: dict[str, str] | None = None) -> dict:
+    """Register a node as its kubelet would, Ready, and clear the ``node.kubernetes.io/not-ready``
+    taint the API server's admission puts on every new node, as the node lifecycle controller
+    does once the node is Ready (the dev cluster runs neither a kubelet nor that controller)."""
+    kube.create(nodes(), {"metadata": {"name": name, "labels": labels or {}},
+                          "status": {"capacity": allocatable, "allocatable": allocatable,
+                                     "conditions": [{"type": "Ready", "status": "True"}]}})
+    return kube.merge_patch(nodes(name), {"spec": {"taints": None}})

@@ -50,7 +50,16 @@ from reamer.backends.state.training import (
     SetQuota,
     Stop,
 )
-from reamer.domain import ClusterSnapshot, Decision, JobState, JobTelemetry, RemoveContainer, Role
+from reamer.domain import (
+    ClusterSnapshot,
+    Decision,
+    JobState,
+    JobTelemetry,
+    RemoveContainer,
+    Resources,
+    Role,
+    TrainingJob,
+)
 from reamer.domain.decisions import InvalidDecision
 from reamer.policies.diagnosis import Thresholds, diagnose
 
@@ -433,15 +442,12 @@ class K8sTraining:
             j, tj = view.state.jobs[jid], view.crs.get(jid)
             if tj is None or jid in self._stale:
                 continue
-            need = j.spec.request
-            most = max(view.state.free.values(), key=lambda r: (r.cpu, r.gpu), default=None)
-            msg = (f"needs {need.cpu:g} cores, {need.gpu:g} GPUs, {need.mem_mib:.0f} MiB in all; the freest node has "
-                   f"{most.cpu:g} cores, {most.gpu:g} GPUs free" if most else "no schedulable node")
+            reason, msg = _why_queued(j.spec, view.state.free)
             st = tj.get("status") or {}
             old = next((c for c in st.get("conditions") or [] if c.get("type") == "Scheduled"), None)
             if st.get("phase") != "Queued" or old is None or old.get("message") != msg:
                 self._merge_status(jid, {"phase": "Queued", "conditions": ko.set_condition(
-                    st.get("conditions"), "Scheduled", False, "WaitingForResources", msg, now)})
+                    st.get("conditions"), "Scheduled", False, reason, msg, now)})
         for jid, counters in self.counters.items():  # progress, banked from the workers' counters
             j = view.state.jobs.get(jid)
             if j is None or j.state is not JobState.RUNNING or jid in self._stale:
@@ -516,3 +522,20 @@ def _job_of(d: Decision) -> str | None:
         return job
     cid = getattr(d, "container", None)
     return cid.split("/", 1)[0] if cid else None
+
+
+def _why_queued(spec: TrainingJob, free: Mapping[str, Resources]) -> tuple[str, str]:
+    """A queued job's ``Scheduled`` condition: no node its pod templates allow (reason
+    ``NoMatchingNode``), or what it needs against the freest node its workers may use."""
+    for role in (Role.PS, Role.WORKER):
+        if spec.nodes_for(role) == frozenset():
+            return "NoMatchingNode", (f"no node matches spec.{role.value}.template (its nodeSelector, required "
+                                      f"node affinity and tolerations of the nodes' taints)")
+    allowed = spec.worker_nodes
+    need = spec.request
+    most = max((r for n, r in free.items() if allowed is None or n in allowed), key=lambda r: (r.cpu, r.gpu),
+               default=None)
+    where = "the freest node" if allowed is None else "the freest node its workers may use"
+    return "WaitingForResources", (f"needs {need.cpu:g} cores, {need.gpu:g} GPUs, {need.mem_mib:.0f} MiB in all; "
+                                   f"{where} has {most.cpu:g} cores, {most.gpu:g} GPUs free" if most
+                                   else "no schedulable node")

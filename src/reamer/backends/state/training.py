@@ -314,13 +314,19 @@ class ClusterState:
         j = self.jobs[jid]
         return j, j.containers[cid]
 
-    def _check_placement(self, p: Placement) -> None:
+    def _check_placement(self, p: Placement, spec: TrainingJob | None = None) -> None:
+        """A valid training container; with ``spec`` (a new placement, not a restored one) also
+        on a node the job allows its role."""
         if p.role not in (Role.PS, Role.WORKER):
             raise InvalidDecision(f"a training container is a PS or a worker, got {p.role.value}")
         if p.node not in self.free:
             raise InvalidDecision(f"unknown node {p.node}")
         if p.res.cpu <= 0:
             raise InvalidDecision(f"a container on {p.node} needs CPU > 0, got {p.res.cpu}")
+        if spec is not None and (allowed := spec.nodes_for(p.role)) is not None and p.node not in allowed:
+            raise InvalidDecision(f"job {spec.id}: a {p.role.value} may not run on {p.node} "
+                                  f"(its nodes: {', '.join(sorted(allowed)[:5]) or 'none'}"
+                                  f"{', ...' if len(allowed) > 5 else ''})")
 
     def _place(self, j: JobRecord, p: Placement) -> Container:
         c = Container(f"{j.spec.id}/{p.role.value}{j.next_id}", j.spec.id, p.role, p.node, p.res,
@@ -357,7 +363,7 @@ class ClusterState:
     def _start(self, d: StartJob, now: float) -> Launch:
         j = self._job(d.job, JobState.QUEUED)
         for p in d.placements:
-            self._check_placement(p)
+            self._check_placement(p, j.spec)
         check_start(d, self.free, j.spec.one_node)
         containers = tuple(self._place(j, p) for p in d.placements)
         del self.queue[d.job]
@@ -388,7 +394,7 @@ class ClusterState:
     def _add(self, d: AddContainer, now: float) -> Reshape:
         j = self._job(d.job, JobState.RUNNING)
         p = d.placement
-        self._check_placement(p)
+        self._check_placement(p, j.spec)
         if not p.res.fits_in(self.free[p.node]):
             raise InvalidDecision(f"{p.res} does not fit on {p.node} (free {self.free[p.node]})")
         if j.spec.one_node and p.node not in (home := {c.node for c in j.containers.values()}):
