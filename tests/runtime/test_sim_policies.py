@@ -56,7 +56,8 @@ def test_a_job_that_fits_no_node_is_named_in_a_warning_and_left_unfinished():
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert r.metrics["unfinished"] == 3
-    assert [rec.getMessage().split(" (")[0] for rec in records] == ["3 of 3 jobs request a container that fits no node they may use"]
+    assert [rec.getMessage().split(" (")[0] for rec in records] == [
+        "3 of 3 jobs request a container that fits no node they may use"]
 
 
 @pytest.mark.parametrize("policy", policy_names())

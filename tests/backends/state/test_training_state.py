@@ -147,8 +147,8 @@ def test_a_container_is_refused_a_node_its_job_does_not_allow_its_role_but_resto
     with pytest.raises(InvalidDecision, match="job p: a worker may not run on b \\(its nodes: a\\)"):
         st.apply(StartJob("p", START.placements), 0.0)
     assert st.free == before and "p" in st.queue
-    st.apply(StartJob("p", (Placement(Role.PS, "a", Resources(1, 512)), Placement(Role.WORKER, "a", Resources(2, 512)))),
-             0.0)
+    on_a = (Placement(Role.PS, "a", Resources(1, 512)), Placement(Role.WORKER, "a", Resources(2, 512)))
+    st.apply(StartJob("p", on_a), 0.0)
     with pytest.raises(InvalidDecision, match="may not run on b"):
         st.apply(AddContainer("p", Placement(Role.WORKER, "b", Resources(2, 512))), 1.0)
     # a controller rebuilding its state books what runs, even where the job no longer allows it

@@ -158,9 +158,10 @@ class Eligibility:
     def of(self, template: Any, where: str) -> frozenset[str] | None:
         """The names of the nodes a pod of ``template`` may be placed on; None when every node
         may take it. ``where``: the template's path in its resource, for errors."""
-        spec = (template or {}).get("spec") if isinstance(template, dict) else template
-        parts = {k: spec.get(k) for k in ("nodeSelector", "affinity", "tolerations")} if isinstance(spec, dict) else spec
-        key = json.dumps(parts, sort_keys=True, default=str)
+        spec = template.get("spec") if isinstance(template, dict) else template
+        if isinstance(spec, dict):
+            spec = {k: spec.get(k) for k in ("nodeSelector", "affinity", "tolerations")}
+        key = json.dumps(spec, sort_keys=True, default=str)
         if key not in self._memo:
             f = node_filter(template, where)
             ok = frozenset(meta(n)["name"] for n in self.nodes if f.allows(n))

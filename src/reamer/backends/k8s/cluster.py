@@ -131,8 +131,8 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
             continue
         try:
             spec = ko.training_job(tj, models)
-            spec = replace(spec, **{f"{role}_nodes": eligible.of(tj["spec"][role].get("template"),
-                                                                  f"spec.{role}.template") for role in ("ps", "worker")})
+            spec = replace(spec, **{f"{r}_nodes": eligible.of(tj["spec"][r].get("template"), f"spec.{r}.template")
+                                    for r in ("ps", "worker")})
             specs.append((tj, spec, ko.status_containers(name, tj.get("status") or {})))
         except (ko.SpecError, KeyError, ValueError, TypeError) as e:
             invalid[name] = e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e))
