@@ -134,6 +134,28 @@ def test_replicas_on_a_node_whose_metrics_go_stale_move_away():
     assert MigrateReplica("a-0", "g1") in out
 
 
+@pytest.mark.parametrize("name", policy_names("harvest"))
+def test_replicas_are_placed_and_moved_only_to_the_nodes_their_service_allows(name):
+    """Every harvesting policy: a service pinned to g1 and the pool's p1 never gets a replica
+    elsewhere, though g0 is the idlest node; a replica on g0 (placed before the pin) that must
+    leave g0 goes to g1, not to g2."""
+    now = 1000.0
+    nodes = (gpu("g0"), gpu("g1"), gpu("g2")) + POOL
+    usage = {"g0": use("g0", 0.0, at=now), "g1": use("g1", 12.0, at=now), "g2": use("g2", 12.0, at=now)}
+    pol = make_policy(name, None, kind="harvest", interval_s=60.0, profiles=PROFILES)
+    pinned = frozenset({"g1", "p1"})
+    svc = ServiceState("a", "resnet50", RESNET_SLO, 60.0, nodes=pinned)
+    out = pol.decide(HarvestSnapshot(now, nodes, usage, (svc,)))
+    placed = [d for d in out if isinstance(d, PlaceReplica)]
+    assert placed and {d.node for d in placed} <= pinned
+    if name == "reamer":
+        svc = ServiceState("a", "resnet50", RESNET_SLO, 10.0, (Replica("a-0", "g0", 2.0, 4, 0.0),),
+                           observed_p99_s=0.45, nodes=frozenset({"g0", "g1"}))
+        stale = {**usage, "g0": use("g0", 0.0, at=now - CFG.stale_s - 1)}
+        out = pol.decide(HarvestSnapshot(now, nodes, stale, (svc,)))
+        assert MigrateReplica("a-0", "g1") in out
+
+
 # ------------------------------------------------------------------------------ guard
 
 

@@ -89,6 +89,7 @@ class ServiceState:
     max_replicas: int | None = None
     observed_error_rate: float | None = None  # share of the last window's requests that failed (None: not measured)
     observed_at_s: float | None = None  # when that window was measured (None: not said; each round counts as a new window's)
+    nodes: frozenset[str] | None = None  # the only nodes its replicas may run on (None: any)
 
 
 @dataclass(frozen=True, slots=True)

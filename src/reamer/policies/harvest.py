@@ -182,6 +182,7 @@ class _Round:
         self.services = {s.id: s for s in snap.services}
         self.reps: dict[str, list[_Rep]] = {s.id: [] for s in snap.services}
         self.counts: dict[str, np.ndarray] = {}
+        self.masks: dict[str, np.ndarray] = {}  # per service: _Round.allowed
         self.by_node: dict[int, list[_Rep]] = {}
         self.capsums: dict[str, float] = {}  # per service: Σ capacity of its live replicas (Harvester._capsum)
         self.need: dict[str, float] = {}
@@ -192,6 +193,16 @@ class _Round:
         self.cooling = np.zeros(n, dtype=bool)  # hysteresis applies
         self.blocked = np.zeros(n, dtype=bool)  # pressured less than stable_s ago
         self.interference = np.zeros(n)  # training need / node cores
+
+    def allowed(self, svc: str) -> np.ndarray | None:
+        """The nodes ``svc``'s replicas may run on, as a mask (None: any)."""
+        nodes = self.services[svc].nodes
+        if nodes is None:
+            return None
+        m = self.masks.get(svc)
+        if m is None:
+            m = self.masks[svc] = np.fromiter((n in nodes for n in self.names), dtype=bool, count=len(self.names))
+        return m
 
     def count(self, svc: str) -> np.ndarray:
         c = self.counts.get(svc)
@@ -403,6 +414,9 @@ class Harvester:
         mask = r.pool if tier == "pool" else ~r.pool
         avail = r.budget - r.used
         ok = mask & (avail >= cores - EPS) & (r.mem_free >= mem - EPS)
+        allowed = r.allowed(svc)
+        if allowed is not None:
+            ok &= allowed
         if tier != "pool":
             ok = ok & self._filter(r, cores)
         if exclude >= 0:

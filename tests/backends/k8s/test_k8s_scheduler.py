@@ -10,7 +10,7 @@ from conftest import Kubelet, make_node, publish_slack
 from test_k8s_controller import job_pods, training_job
 
 from reamer.backends.k8s import objects as ko
-from reamer.backends.k8s.kube import custom, pods
+from reamer.backends.k8s.kube import custom, nodes, pods
 from reamer.control import joint_round
 from reamer.domain import Resize, Resources
 from reamer.domain.inference import EvictReplica, PlaceReplica
@@ -129,6 +129,37 @@ def test_invalid_services_get_a_condition_and_the_scheduler_keeps_serving(kube, 
         assert cond["status"] == "True" and cond["reason"] == reason
         assert not replica_pods(kube, ns, name)
     assert replica_pods(kube, ns, "good")
+
+
+def test_replicas_go_only_to_the_nodes_their_template_selects_and_whose_taints_they_tolerate(kube, ns, components):
+    for n in ("gpu-a", "gpu-b", "gpu-c"):
+        make_node(kube, n, 16)
+    fresh(kube, "gpu-a", "gpu-b", "gpu-c")
+    kube.merge_patch(nodes("gpu-b"), {"metadata": {"labels": {"serve": "yes"}}})
+    kube.merge_patch(nodes("gpu-c"), {"metadata": {"labels": {"serve": "yes"}}, "spec": {"taints": [
+        {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]}})
+    tmpl = lambda **extra: {"spec": {"containers": [{"name": "serve", "image": "reamer/inference"}], **extra}}
+    kube.create(custom("inferenceservices", ns), inference_service(
+        "selected", rate=200.0, template=tmpl(nodeSelector={"serve": "yes"})))
+    kube.create(custom("inferenceservices", ns), inference_service(
+        "tolerant", rate=200.0, template=tmpl(tolerations=[{"key": "dedicated", "operator": "Exists"}], affinity={
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-c"]}]}]}}})))
+    kube.create(custom("inferenceservices", ns), inference_service("odd", template=tmpl(nodeSelector=["serve"])))
+    s = components("scheduler")
+    s.round()
+    on = lambda svc: {p["spec"]["nodeName"] for p in replica_pods(kube, ns, svc)}
+    assert on("selected") == {"gpu-b"}  # gpu-c has the label, but a taint it does not tolerate
+    assert on("tolerant") == {"gpu-c"}
+    cond = next(c for c in kube.get(custom("inferenceservices", ns, "odd"))["status"]["conditions"]
+                if c["type"] == "Invalid")
+    assert cond["reason"] == "InvalidNodeConstraint" and "spec.template.spec.nodeSelector" in cond["message"]
+    assert not replica_pods(kube, ns, "odd")
+    # a decision for a node the service does not allow (a policy that ignores it) is refused
+    s.inf.sync()
+    s.backend.observe(time.time())
+    s.backend.actuate([PlaceReplica("selected", "gpu-a", 2.0, 4, 0.01)], time.time())
+    assert on("selected") == {"gpu-b"} and s.backend.counts["invalid_decisions"] == 1
 
 
 def test_eviction_honours_a_pod_disruption_budget(kube, ns, components):

@@ -45,6 +45,20 @@ def test_invalid_decisions_are_refused_and_change_nothing(bad):
     assert (dict(st.services["s"].replicas), dict(st.owner)) == before
 
 
+def test_a_replica_is_refused_a_node_its_service_does_not_allow_and_the_snapshot_says_which():
+    st = _state()
+    st.services["s"].nodes = frozenset({"pool-0"})
+    with pytest.raises(InvalidDecision, match="service s: a replica may not run on g \\(its nodes: pool-0\\)"):
+        st.apply(PlaceReplica("s", "g", 2.0, 4, 0.0))
+    assert st.services["s"].replicas == {}
+    st.services["s"].nodes = None
+    st.apply(PlaceReplica("s", "g", 2.0, 4, 0.0))  # placed before the pin: it stays (IgnoredDuringExecution)
+    st.services["s"].nodes = frozenset({"g"})
+    with pytest.raises(InvalidDecision, match="may not run on pool-0"):
+        st.apply(MigrateReplica("s/r0", "pool-0"))
+    assert st.snapshot(0.0, {}, {"s": 1.0}).services[0].nodes == {"g"}
+
+
 def test_forecast_follows_the_trend_never_below_the_last_window():
     s = ServiceRecord("s", "m", 0.1, 1.0)
     assert s.forecast(7.0) == 7.0  # nothing measured yet

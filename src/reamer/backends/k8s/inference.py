@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from reamer.backends.k8s import objects as ko
+from reamer.backends.k8s.affinity import Eligibility
 from reamer.backends.k8s.cluster import (
     ClusterObjects,
     Informers,
@@ -93,16 +94,19 @@ class K8sInference:
         alive = [p for p in objs.pods if ko.SERVICE in ko.labels(p) and not ko.deleting(p) and not ko.terminated(p)]
         replaced = {ko.annotations(p)[ko.REPLACES] for p in alive if ko.REPLACES in ko.annotations(p)}
         records, first, self.crs, self.pod_of, self._status = [], {}, {}, {}, {}
+        eligible = Eligibility(objs.nodes)  # the nodes each service's pod template allows
         for isvc in objs.services:
             name = ko.meta(isvc)["name"]
             st = isvc.get("status") or {}
             try:
                 spec = ko.inference_service(isvc, self.inference_models)
+                allowed = eligible.of(isvc["spec"].get("template"), "spec.template")
             except (ko.SpecError, KeyError, ValueError) as e:
                 self._invalid(isvc, e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e)), now)
                 continue
             try:
                 rec = self._record(isvc, spec, st, alive, replaced, objs, reports, now)
+                rec.nodes = allowed
             except (KeyError, ValueError, TypeError) as e:  # a replica pod someone edited: skip the service
                 self.counts["api_errors"] += 1
                 log.warning("InferenceService %s: its replica pods cannot be read (%s): left alone", name, e)

@@ -51,6 +51,7 @@ class ServiceRecord:
     last_at_s: float | None = None  # when the last window was measured (None: not said)
     min_replicas: int | None = None  # the service's own bounds (None: the policy's defaults)
     max_replicas: int | None = None
+    nodes: frozenset[str] | None = None  # the only nodes its replicas may run on (None: any)
 
     def forecast(self, first: float) -> float:
         """The rate expected next window: the last two windows' trend, never below the last
@@ -93,6 +94,12 @@ class StopReplica:
 ReplicaEffect = StartReplica | SetReplicaQuota | MoveReplica | StopReplica
 
 
+def _check_node(s: ServiceRecord, node: str) -> None:
+    if s.nodes is not None and node not in s.nodes:
+        some = ", ".join(sorted(s.nodes)[:5]) + (", ..." if len(s.nodes) > 5 else "")
+        raise InvalidDecision(f"service {s.id}: a replica may not run on {node} (its nodes: {some or 'none'})")
+
+
 class ReplicaState:
     """Services and replicas on ``nodes`` (training nodes and the dedicated pool), beside
     the training state ``training``."""
@@ -115,6 +122,7 @@ class ReplicaState:
             s = self.services.get(d.service)
             if s is None or d.node not in self.node_names or not d.cores > 0:
                 raise InvalidDecision(f"place {d}: unknown service or node, or no cores")
+            _check_node(s, d.node)
             return StartReplica(s.id, self._add(s, d.node, d.cores, d.max_batch, d.max_wait_s))
         if not isinstance(d, ResizeReplica | MigrateReplica | EvictReplica):
             raise InvalidDecision(f"unknown decision {d!r}")
@@ -127,6 +135,7 @@ class ReplicaState:
         if isinstance(d, MigrateReplica):
             if d.to_node not in self.node_names:
                 raise InvalidDecision(f"migrate {d.replica}: unknown node {d.to_node}")
+            _check_node(s, d.to_node)
             new = self._add(s, d.to_node, r.cores, r.max_batch, r.max_wait_s)
             self._drop(s, r)
             return MoveReplica(s.id, r, new)
@@ -207,6 +216,6 @@ class ReplicaState:
         self._expected = {}
         services = tuple(ServiceState(s.id, s.model, s.slo_p99_s, s.forecast(first_rates[s.id]),
                                       tuple(s.replicas.values()), s.last_p99_s, s.mem_mib_per_replica,
-                                      s.min_replicas, s.max_replicas, s.last_error_rate, s.last_at_s)
+                                      s.min_replicas, s.max_replicas, s.last_error_rate, s.last_at_s, s.nodes)
                          for s in self.services.values())
         return HarvestSnapshot(now, self.nodes, usage, services, self.pool)
