@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reamer.config.scenario import Openb, load_scenario
+from reamer.config.scenario import JobList, Openb, load_scenario
 from reamer.errors import InputError
 from reamer.models.profiles import shipped_profiles
 from reamer.workloads.build import (
@@ -170,6 +170,23 @@ def test_openb_pods_pinned_to_gpu_models_go_only_to_nodes_of_those_models(tmp_pa
     p.write_text(POD_HEADER + PODS.replace("p1,4000,1024,1,500,,", "p1,4000,1024,1,500,A100,"))
     with pytest.raises(InputError, match=r"pods\.csv: row 3, field gpu_spec: expected GPU models separated by '\|', "
                                          r"at least one of this cluster's \(P100, T4, V100M32\), got 'A100'"):
+        build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))
+
+
+def test_a_job_list_may_pin_workers_to_gpu_models(tmp_path):
+    base = load_scenario(None)
+    pool = base.cluster.node_pools[0]
+    pools = [pool.model_copy(update={"name": m.lower(), "count": 1, "gpus": 4, "gpu_model": m}) for m in ("T4", "P100")]
+    p = tmp_path / "jobs.csv"
+    p.write_text("id,model,arrival_s,ps,workers,ps_cpu,worker_cpu,worker_gpu,gpu_models,duration_s\n"
+                 "a,resnet50,0,1,2,1,4,1,T4,600\nb,resnet50,0,1,2,1,4,1,,600\n")
+    sc = base.model_copy(update={"cluster": base.cluster.model_copy(update={"node_pools": pools}),
+                                 "workload": JobList(path=p)})
+    jobs = {j.id: j for j in build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))}
+    assert (jobs["a"].worker_nodes, jobs["a"].ps_nodes, jobs["b"].worker_nodes) == ({"t4-0000"}, None, None)
+    p.write_text(p.read_text().replace(",T4,", ",A100|H100,"))
+    with pytest.raises(InputError, match=r"jobs\.csv: row 2, field gpu_models: expected GPU models separated by "
+                                         r"'\|', at least one of this cluster's \(P100, T4\), got 'A100\|H100'"):
         build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))
 
 

@@ -6,7 +6,7 @@ All randomness comes from the injected ``numpy.random.Generator``: same seed, sa
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +87,7 @@ def build_jobs(sc: Scenario, nodes: list[Node], cal: Calibration, rng: np.random
         _check_models(sc.source, "workload.models", wl.models, models)
         return _openb(wl, nodes, cal, rng, nic, models)
     assert isinstance(wl, JobList)
-    return read_joblist(wl.path, cal, nic, models)
+    return read_joblist(wl.path, cal, nic, models, nodes)
 
 
 def _check_models(source: str, where: str, names: list[str], models: Mapping[str, ModelProfile] = ZOO) -> None:
@@ -116,6 +116,23 @@ def _synthetic(wl: Synthetic, cal: Calibration, rng: np.random.Generator, nic: f
     return jobs
 
 
+def _gpu_nodes(spec: str, nodes: Sequence[Node], memo: dict[str, frozenset[str]], path: Path,
+               where: str) -> frozenset[str] | None:
+    """The nodes whose GPU model is one of ``spec``'s (models separated by ``|``; empty: None,
+    any node); a list naming none of the cluster's models is refused."""
+    spec = spec.strip()
+    if not spec:
+        return None
+    if spec not in memo:
+        wanted = {m.strip() for m in spec.split("|")}
+        memo[spec] = frozenset(n.name for n in nodes if n.gpu_model in wanted)
+        if not memo[spec]:
+            have = ", ".join(sorted({n.gpu_model for n in nodes if n.gpu_model})) or "none"
+            raise InputError(str(path), where, f"GPU models separated by '|', at least one of this cluster's ({have})",
+                             spec)
+    return memo[spec]
+
+
 def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Generator, nic: float,
            models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
     path = wl.pod_list
@@ -133,14 +150,7 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
             continue
         if wl.pod_phases is not None and row.get("pod_phase", "").strip() not in wl.pod_phases:
             continue
-        spec = row.get("gpu_spec", "").strip()
-        if spec and spec not in pinned:
-            models_ok = {m.strip() for m in spec.split("|")}
-            pinned[spec] = frozenset(n.name for n in nodes if n.gpu_model in models_ok)
-            if not pinned[spec]:
-                raise InputError(str(path), f"{where}, field gpu_spec",
-                                 f"GPU models separated by '|', at least one of this cluster's "
-                                 f"({', '.join(sorted({n.gpu_model for n in nodes if n.gpu_model})) or 'none'})", spec)
+        gpu_nodes = _gpu_nodes(row.get("gpu_spec", ""), nodes, pinned, path, f"{where}, field gpu_spec")
         if row.get("deletion_time", "").strip():
             created = number(path, i, row, "creation_time")
             deleted = number(path, i, row, "deletion_time")
@@ -152,7 +162,7 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
             raise InputError(str(path), f"{where}, field deletion_time",
                              "a pod's recorded times (creation_time, deletion_time), or workload.duration_s "
                              "for a list without them")
-        pods.append((row["name"], cpu, mem, ngpu, gmilli, dur, pinned.get(spec)))
+        pods.append((row["name"], cpu, mem, ngpu, gmilli, dur, gpu_nodes))
         if wl.max_jobs is not None and len(pods) >= wl.max_jobs:
             break
     if not pods:
@@ -185,12 +195,15 @@ def _openb(wl: Openb, nodes: list[Node], cal: Calibration, rng: np.random.Genera
 
 
 JOBLIST_COLUMNS = ["id", "model", "arrival_s", "ps", "workers", "ps_cpu", "worker_cpu"]
-JOBLIST_OPTIONAL = ["ps_mem_mib", "worker_mem_mib", "worker_gpu", "batch", "samples", "duration_s"]
+JOBLIST_OPTIONAL = ["ps_mem_mib", "worker_mem_mib", "worker_gpu", "gpu_models", "batch", "samples", "duration_s"]
 
 
-def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, ModelProfile] = ZOO) -> list[TrainingJob]:
-    """Generic job list (CSV or JSONL); see docs/scenarios.md for the columns."""
+def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, ModelProfile] = ZOO,
+                 nodes: Sequence[Node] = ()) -> list[TrainingJob]:
+    """Generic job list (CSV or JSONL); see docs/scenarios.md for the columns. ``nodes``: the
+    cluster's, which ``gpu_models`` selects from."""
     jobs = []
+    pinned: dict[str, frozenset[str]] = {}  # gpu_models -> the nodes of those GPU models
     seen: set[str] = set()
     speeds: dict[tuple, float] = {}
     known = set(JOBLIST_COLUMNS + JOBLIST_OPTIONAL)
@@ -229,8 +242,9 @@ def read_joblist(path: Path, cal: Calibration, nic: float, models: Mapping[str, 
             samples = dur * speeds[key]
         else:
             raise InputError(str(path), f"{where}, field samples", "samples or duration_s (a number > 0)")
+        gpu_nodes = _gpu_nodes(row.get("gpu_models", ""), nodes, pinned, path, f"{where}, field gpu_models")
         jobs.append(TrainingJob(jid, model, arrival, samples, ps, workers, p_res, w_res, batch,
-                                max_ps=max(8, ps), max_workers=max(16, workers)))
+                                max_ps=max(8, ps), max_workers=max(16, workers), worker_nodes=gpu_nodes))
     if not jobs:
         raise InputError(str(path), "rows", "at least one job")
     jobs.sort(key=lambda j: j.arrival_s)
