@@ -4,6 +4,7 @@ processes; the cgroup executor is a stand-in recording the pids (cgroups are cov
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -45,3 +46,21 @@ def test_waiting_for_a_line_fails_as_soon_as_a_process_it_depends_on_exits(tmp_p
         for p in (waiter, peer):
             p.kill()
             p.close()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs to restrict the parent to one")
+def test_a_workload_does_not_inherit_the_controllers_cpu_affinity(tmp_path):
+    """The controller may be pinned to the apparatus's CPUs; what it starts runs on its cgroup's
+    CPUs (here: no cpuset, so all), not on the controller's."""
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mine)})
+    try:
+        p = _proc(tmp_path, "w", 'import json, os; print(json.dumps({"event": "cpus", '
+                                 '"cpus": sorted(os.sched_getaffinity(0))}), flush=True)')
+    finally:
+        os.sched_setaffinity(0, mine)
+    try:
+        assert mine <= set(p.wait_for("cpus", 60)["cpus"])
+    finally:
+        p.kill()
+        p.close()

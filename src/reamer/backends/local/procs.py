@@ -118,6 +118,9 @@ class Proc:
             out.close()
         try:
             executor.add_process(cgroup, self.p.pid)
+            # its CPUs are its cgroup's cpuset, not the controller's affinity (--apparatus-cpus): a
+            # child inherits that, and cgroup v2 keeps an inherited mask across the move (kernel 6.2+)
+            os.sched_setaffinity(self.p.pid, range(os.cpu_count() or 1))
             assert self.p.stdin is not None
             self.p.stdin.write("\n")
             self.p.stdin.close()
