@@ -156,6 +156,18 @@ def test_replicas_are_placed_and_moved_only_to_the_nodes_their_service_allows(na
         assert MigrateReplica("a-0", "g1") in out
 
 
+def test_a_pinned_replica_that_found_no_node_does_not_keep_others_in_the_pool():
+    """Rebalancing skips a replica no larger than one no node took, but only when it may use no
+    more nodes than that one: here ``a`` may use only the busy g1, ``b`` any node."""
+    nodes = (gpu("g0"), gpu("g1")) + POOL
+    a = ServiceState("a", "resnet50", RESNET_SLO, 1.0, (Replica("a-0", "p0", 2.0, 4, 0.0),), observed_p99_s=0.3,
+                     nodes=frozenset({"g1", "p0", "p1"}))
+    b = ServiceState("b", "resnet50", RESNET_SLO, 1.0, (Replica("b-0", "p1", 2.0, 4, 0.0),), observed_p99_s=0.3)
+    usage = {"g0": use("g0", 10.0), "g1": use("g1", 30.0)}
+    out = reamer(stable_s=0.0).decide(HarvestSnapshot(0.0, nodes, usage, (a, b)))
+    assert [d for d in out if isinstance(d, MigrateReplica)] == [MigrateReplica("b-0", "g0")]
+
+
 # ------------------------------------------------------------------------------ guard
 
 

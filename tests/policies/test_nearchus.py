@@ -192,6 +192,27 @@ def test_gpu_workers_it_added_are_taken_back_when_a_job_waits_for_a_gpu(between_
     assert start and start[0].job == "b" and any(p.node == "g1" and p.res.gpu == 1.0 for p in start[0].placements)
 
 
+def test_room_is_taken_back_for_a_head_whose_ps_and_workers_may_use_different_nodes():
+    """The head's PS may run only on g0 and its workers only on g1 (no node takes both): the GPU
+    worker NEARCHUS added on g1 is taken back for its worker."""
+    a = TrainingJob("a", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0), max_workers=4)
+    b = TrainingJob("b", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0),
+                    ps_nodes=frozenset({"g0"}), worker_nodes=frozenset({"g1"}))
+    cs = [Container("a/ps0", "a", Role.PS, "g0", Resources(1, 1024)),
+          Container("a/worker1", "a", Role.WORKER, "g0", Resources(2, 1024, 1.0))]
+    pol = Nearchus(NearchusConfig(trim=False, trim_ps=False))
+    for k in range(1, 8):  # GPU-bound: NEARCHUS adds a worker on g1 (the only free GPU), it pays
+        speed = 100.0 * sum(1 for c in cs if c.role is Role.WORKER)
+        for d in pol.decide(_cluster_snap(60.0 * k, {a: cs}, (), {"a": speed})):
+            if isinstance(d, AddContainer):
+                cs.append(Container("a/worker9", "a", d.placement.role, d.placement.node, d.placement.res))
+    assert cs[-1].id == "a/worker9" and cs[-1].node == "g1"
+    out = pol.decide(_cluster_snap(600.0, {a: cs}, (b,), {"a": 200.0}))
+    assert RemoveContainer("a/worker9") in out
+    start = [d for d in out if isinstance(d, StartJob)]
+    assert start and sorted((p.role.value, p.node) for p in start[0].placements) == [("ps", "g0"), ("worker", "g1")]
+
+
 def test_thin_start_when_the_request_does_not_fit_and_restore_when_the_queue_is_empty():
     big = TrainingJob("big", "resnet50", 0.0, 1e9, 1, 2, Resources(1, 1024), Resources(8, 1024))
     filler = TrainingJob("f", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(12, 1024))
@@ -229,6 +250,22 @@ def test_cpu_growth_while_the_head_waits_only_for_a_gpu():
         grew = [d for d in flat if isinstance(d, Resize) and d.res.cpu > 2]
         assert bool(grew) is blocked
         assert not any(isinstance(d, AddContainer) for d in flat)
+
+
+def test_cpu_growth_while_the_head_waits_for_a_gpu_on_the_nodes_it_may_use():
+    """g1's GPU is free, but the head's workers may use only g0: it still waits for a GPU, so
+    growing a job's CPU takes nothing from it."""
+    a = TrainingJob("a", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0), max_workers=4)
+    b = TrainingJob("b", "resnet50", 0.0, 1e9, 1, 1, Resources(1, 1024), Resources(2, 1024, 1.0),
+                    worker_nodes=frozenset({"g0"}))
+    cs = [Container("a/ps0", "a", Role.PS, "g0", Resources(1, 1024)),
+          Container("a/worker1", "a", Role.WORKER, "g0", Resources(2, 1024, 1.0))]
+    pol = Nearchus(NearchusConfig(trim_ps=False))
+    flat = []
+    for k in range(1, 4):
+        flat += pol.decide(_cluster_snap(60.0 * k, {a: cs}, (b,), {"a": 100.0}, gpu_util=0.3, cpu_util=0.95))
+    assert [d for d in flat if isinstance(d, Resize) and d.res.cpu > 2]
+    assert not any(isinstance(d, AddContainer | StartJob) for d in flat)
 
 
 def test_gpu_workers_short_of_cpu_are_input_bound_and_get_cpu():

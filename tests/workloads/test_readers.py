@@ -177,6 +177,7 @@ def test_a_job_list_may_pin_workers_to_gpu_models(tmp_path):
     base = load_scenario(None)
     pool = base.cluster.node_pools[0]
     pools = [pool.model_copy(update={"name": m.lower(), "count": 1, "gpus": 4, "gpu_model": m}) for m in ("T4", "P100")]
+    pools.append(pool.model_copy(update={"name": "cpu", "count": 1, "gpus": 0, "gpu_model": ""}))
     p = tmp_path / "jobs.csv"
     p.write_text("id,model,arrival_s,ps,workers,ps_cpu,worker_cpu,worker_gpu,gpu_models,duration_s\n"
                  "a,resnet50,0,1,2,1,4,1,T4,600\nb,resnet50,0,1,2,1,4,1,,600\n")
@@ -184,7 +185,12 @@ def test_a_job_list_may_pin_workers_to_gpu_models(tmp_path):
                                  "workload": JobList(path=p)})
     jobs = {j.id: j for j in build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))}
     assert (jobs["a"].worker_nodes, jobs["a"].ps_nodes, jobs["b"].worker_nodes) == ({"t4-0000"}, None, None)
-    p.write_text(p.read_text().replace(",T4,", ",A100|H100,"))
+    p.write_text(p.read_text().replace(",T4,", ",T4|,"))  # an empty entry names no model (nor GPU-less nodes)
+    assert build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))[0].worker_nodes == {"t4-0000"}
+    p.write_text(p.read_text().replace(",T4|,", ",|,"))
+    with pytest.raises(InputError, match=r"field gpu_models: expected GPU models .*got '\|'"):
+        build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))
+    p.write_text(p.read_text().replace(",|,", ",A100|H100,"))
     with pytest.raises(InputError, match=r"jobs\.csv: row 2, field gpu_models: expected GPU models separated by "
                                          r"'\|', at least one of this cluster's \(P100, T4\), got 'A100\|H100'"):
         build_jobs(sc, build_nodes(sc), CAL, np.random.default_rng(0))

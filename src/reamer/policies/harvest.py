@@ -647,21 +647,23 @@ class Reamer(Harvester):
     # -------------------------------------------------------------- rebalance
     def _rebalance(self, r: _Round) -> None:
         """Move pool replicas onto training nodes that take them. A replica no node took leaves
-        every replica at least as large (cores and memory) without one until the next move: the
-        filter only narrows as a replica grows, and nothing else changes in between."""
+        every replica at least as large (cores and memory), allowed no more nodes, without one
+        until the next move: the filter only narrows, and nothing else changes in between."""
         moved = 0
-        failed: list[tuple[float, float]] = []  # (cores, memory) no training node took since the last move
+        # (cores, memory, the nodes allowed; None: any) no training node took since the last move
+        failed: list[tuple[float, float, frozenset[str] | None]] = []
         for s in r.snap.services:
             for p in r.live(s.id):
                 if moved >= self.cfg.max_rebalance_per_round:
                     return
                 if p.acted or p.id is None or not r.pool[p.node]:
                     continue
-                if any(p.cores >= c and p.mem >= m for c, m in failed):
+                if any(p.cores >= c and p.mem >= m and (n is None or (s.nodes is not None and s.nodes <= n))
+                       for c, m, n in failed):
                     continue
                 to = self._place(r, s.id, p.cores, p.mem, "harvest")
                 if to is None:
-                    failed.append((p.cores, p.mem))
+                    failed.append((p.cores, p.mem, s.nodes))
                     continue
                 self._migrate(r, p, to)
                 moved += 1

@@ -153,6 +153,13 @@ def _cores(job: JobView) -> float:
     return sum(c.res.cpu for c in job.containers)
 
 
+def _gpu_room(head: TrainingJob, free: FreeMap) -> np.ndarray:
+    """Per node: it has a worker's GPU share of ``head`` free, and the head's workers may use it."""
+    room = free.free[:, 2] >= head.worker_res.gpu - 1e-9
+    mask = free.allowed(head, Role.WORKER)
+    return room if mask is None else room & mask
+
+
 def _request_cores(spec: TrainingJob) -> float:
     return spec.ps * spec.ps_res.cpu + spec.workers * spec.worker_res.cpu
 
@@ -206,9 +213,10 @@ class Nearchus:
             out += self._reclaim(snap, running, free)
         out += self._start(snap, free)
         waiting = bool(snap.queue) and any(isinstance(d, StartJob) for d in out) is False
-        # the head waits for a GPU share no node has: CPU-only growth takes nothing it needs
-        self._cpu_growth_ok = (waiting and self.cfg.grow_while_gpu_blocked and snap.queue[0].spec.worker_res.gpu > 0
-                               and not (free.free[:, 2] >= snap.queue[0].spec.worker_res.gpu - 1e-9).any())
+        # the head waits for a GPU share no node it may use has: CPU-only growth takes nothing it needs
+        head = snap.queue[0].spec if waiting else None
+        self._cpu_growth_ok = (head is not None and self.cfg.grow_while_gpu_blocked and head.worker_res.gpu > 0
+                               and not _gpu_room(head, free).any())
         if table is not None:  # every job diagnosed at once; the per-job path only for those it may move
             diag = diagnose_table(table, self.cfg.cpu_saturation, self.cfg.net_saturation, self.cfg.net_side_margin)
             moves = self._may_act(table, diag)
@@ -574,9 +582,7 @@ class Nearchus:
             return []
         if running is None:
             running = self._sync(snap, None)
-        want = np.array((head.worker_res.cpu + head.ps_res.cpu, head.worker_res.mem_mib + head.ps_res.mem_mib,
-                         head.worker_res.gpu))
-        usable = free.allowed(head, Role.PS, free.allowed(head, Role.WORKER))  # the head's nodes (None: any)
+        want, usable = self._room_wanted(head, free)
         if want[2] > 0:
             room = free.free[:, 2] >= want[2] - 1e-9
             if not (room if usable is None else room & usable).any():
@@ -622,6 +628,21 @@ class Nearchus:
             if (free.free[i] >= want - 1e-9).all():
                 break
         return out
+
+    @staticmethod
+    def _room_wanted(head: TrainingJob, free: FreeMap) -> tuple[np.ndarray, np.ndarray | None]:
+        """What room the head needs on one node, (cores, MiB, GPUs), and the nodes that may give
+        it (None: any): a PS and a worker together, on a node both may use; or, when its PS and
+        workers may use different nodes, the one of them that does not fit now, on its nodes."""
+        ps, w = head.ps_res, head.worker_res
+        if head.one_node or head.ps_nodes == head.worker_nodes:
+            return (np.array((w.cpu + ps.cpu, w.mem_mib + ps.mem_mib, w.gpu)),
+                    free.allowed(head, Role.PS, free.allowed(head, Role.WORKER)))
+        alone = free.place_gang([(Role.PS, ps)], spec=head)
+        if alone is None:
+            return np.array((ps.cpu, ps.mem_mib, ps.gpu)), free.allowed(head, Role.PS)
+        free.release(alone[0])
+        return np.array((w.cpu, w.mem_mib, w.gpu)), free.allowed(head, Role.WORKER)
 
     def _reclaim_gpu(self, running: dict[str, JobView], free: FreeMap, want: np.ndarray, now: float,
                      usable: np.ndarray | None) -> list[Decision]:

@@ -124,7 +124,7 @@ def _gpu_nodes(spec: str, nodes: Sequence[Node], memo: dict[str, frozenset[str]]
     if not spec:
         return None
     if spec not in memo:
-        wanted = {m.strip() for m in spec.split("|")}
+        wanted = {m.strip() for m in spec.split("|")} - {""}
         memo[spec] = frozenset(n.name for n in nodes if n.gpu_model in wanted)
         if not memo[spec]:
             have = ", ".join(sorted({n.gpu_model for n in nodes if n.gpu_model})) or "none"

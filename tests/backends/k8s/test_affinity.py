@@ -56,9 +56,20 @@ def test_terms_are_ored_their_requirements_anded_and_an_empty_term_matches_nothi
     assert _allowed(_terms({"matchExpressions": [cpu]}, {"matchExpressions": [v100]})) == ["a", "b"]
     assert _allowed(_terms({"matchExpressions": [cpu, v100]})) == []
     assert _allowed(_terms({})) == []
-    by_name = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "d"]}]}
-    assert _allowed(_terms(by_name)) == ["a", "d"]
-    assert _allowed({"nodeSelector": {"pool": "gpu"}, **_terms(by_name)}) == ["d"]  # both must hold
+    by_name = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in ("a", "d")]
+    assert _allowed(_terms(*by_name)) == ["a", "d"]
+    assert _allowed({"nodeSelector": {"pool": "gpu"}, **_terms(*by_name)}) == ["d"]  # both must hold
+
+
+def test_gt_and_lt_read_integers_as_kubernetes_does():
+    nodes = [_node("x", {"n": "+7"}), _node("y", {"n": "1_000"}), _node("z", {"n": "99999999999999999999"})]
+    gt = lambda v: sorted(n["metadata"]["name"] for n in nodes if node_filter(
+        {"spec": _terms({"matchExpressions": [{"key": "n", "operator": "Gt", "values": [v]}]})}, "t").allows(n))
+    assert gt("5") == ["x"]  # '1_000' and a number beyond int64 are no integers to Go's ParseInt
+    assert gt("five") == []  # a bound that is not an integer: the term matches no node
+    other = {"matchExpressions": [{"key": "n", "operator": "Exists"}]}
+    bad = {"matchExpressions": [{"key": "n", "operator": "Lt", "values": ["five"]}]}
+    assert all(node_filter({"spec": _terms(bad, other)}, "t").allows(n) for n in nodes)  # the other term holds
 
 
 @pytest.mark.parametrize(("toleration", "tolerated"), [
@@ -68,6 +79,7 @@ def test_terms_are_ored_their_requirements_anded_and_an_empty_term_matches_nothi
     ({"key": "dedicated", "operator": "Exists"}, True),
     ({"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}, False),
     ({"operator": "Exists"}, True),  # an empty key with Exists tolerates every taint
+    ({"key": "dedicated", "operator": "", "value": "infer"}, True),  # an empty operator is Equal
 ])
 def test_tolerations(toleration, tolerated):
     assert ("c" in _allowed({"tolerations": [toleration]})) is tolerated
@@ -77,7 +89,12 @@ def test_tolerations(toleration, tolerated):
     (_terms({"matchExpressions": [{"key": "pool", "operator": "Near", "values": ["x"]}]}), "operator: expected one of"),
     (_terms({"matchExpressions": [{"key": "pool", "operator": "In"}]}), "values: expected at least one value"),
     (_terms({"matchExpressions": [{"key": "pool", "operator": "Exists", "values": ["x"]}]}), "values: expected none"),
-    (_terms({"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["many"]}]}), "expected one integer"),
+    (_terms({"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["1", "2"]}]}), "expected one value"),
+    (_terms({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}),
+     "values: expected one node name"),
+    ({"tolerations": [{"key": "k", "effect": "NoSchedul"}]}, r"tolerations\[0\].effect: expected one of"),
+    ({"tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 60}]},
+     r"tolerations\[0\].tolerationSeconds: expected only with effect NoExecute"),
     (_terms({"matchFields": [{"key": "metadata.labels", "operator": "In", "values": ["x"]}]}),
      "key: expected metadata.name"),
     (_terms(), "nodeSelectorTerms: expected at least one term"),
@@ -89,6 +106,23 @@ def test_a_constraint_the_api_server_would_refuse_is_a_spec_error_naming_its_fie
     with pytest.raises(SpecError, match=where) as e:
         node_filter({"spec": spec}, "spec.worker.template")
     assert e.value.reason == "InvalidNodeConstraint" and str(e.value).startswith("spec.worker.template.spec.")
+
+
+def test_a_noexecute_taint_evicts_what_does_not_tolerate_it_for_good():
+    drained = _node("m", taints=[{"key": "maintenance", "effect": "NoExecute"}])
+    lost = _node("u", taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])
+    plain = node_filter({"spec": {}}, "t")
+    assert plain.evicts(drained) and not plain.allows(drained)
+    # a node-condition taint: Reamer reads the node's Ready condition instead (pods tolerate it for a while)
+    assert not plain.evicts(lost) and not plain.evicts(NODES[2])  # (c's taint is NoSchedule: it stays)
+    forever = node_filter({"spec": {"tolerations": [{"key": "maintenance", "operator": "Exists"}]}}, "t")
+    assert not forever.evicts(drained) and forever.allows(drained)
+    # tolerationSeconds only delays the eviction: no placement there, and a pod there goes
+    delayed = node_filter({"spec": {"tolerations": [{"key": "maintenance", "operator": "Exists",
+                                                     "effect": "NoExecute", "tolerationSeconds": 300}]}}, "t")
+    assert delayed.evicts(drained) and not delayed.allows(drained)
+    e = Eligibility([drained, lost, NODES[0]])
+    assert e.evicting({"spec": {}}, "t") == {"m"} and e.of({"spec": {}}, "t") == {"a"}
 
 
 def test_eligibility_says_none_when_every_node_may_take_the_pod():

@@ -251,6 +251,27 @@ def test_pods_go_only_to_the_nodes_their_template_selects_and_whose_taints_they_
     assert pinned["spec"]["nodeSelector"] == {"team": "vision"}
 
 
+def test_a_noexecute_taint_moves_a_job_off_its_node_and_a_noschedule_one_does_not(kube, ns, controller):
+    """A NoExecute taint evicts the pods that do not tolerate it (Kubernetes' taint manager):
+    the job starts again elsewhere rather than having its pods re-created there."""
+    make_node(kube, "node-x", 32)
+    kube.create(custom("trainingjobs", ns), training_job("moved", ps=1, workers=1))
+    c = controller(policy="static")
+    c.round()
+    Kubelet(kube, ns).sync()
+    assert {p["spec"]["nodeName"] for p in job_pods(kube, ns, "moved")} == {"node-x"}
+    make_node(kube, "node-y", 32)
+    kube.merge_patch(nodes("node-x"), {"spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}})
+    c.round()
+    assert {p["spec"]["nodeName"] for p in job_pods(kube, ns, "moved")} == {"node-x"}  # it stays
+    kube.merge_patch(nodes("node-x"), {"spec": {"taints": [{"key": "maintenance", "effect": "NoExecute"}]}})
+    for _ in range(3):  # queued again (its pods deleted), then placed on node-y
+        c.round()
+        Kubelet(kube, ns).sync()
+    assert {p["spec"]["nodeName"] for p in job_pods(kube, ns, "moved")} == {"node-y"}
+    assert kube.get(custom("trainingjobs", ns, "moved"))["status"]["phase"] == "Running"
+
+
 def test_a_queued_pinned_job_is_measured_against_the_nodes_it_may_use(kube, ns, controller):
     make_node(kube, "node-big", 64)
     make_node(kube, "node-small", 4)

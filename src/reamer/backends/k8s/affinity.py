@@ -10,12 +10,19 @@ that Kubernetes would reject raises :class:`~reamer.backends.k8s.objects.SpecErr
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from reamer.backends.k8s.objects import Obj, SpecError, labels, meta
 
 HARD_EFFECTS = ("NoSchedule", "NoExecute")  # a pod that does not tolerate these is not placed
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+INT = re.compile(r"[+-]?[0-9]+")
+# taints the node lifecycle controller sets from a node's conditions (not-ready, unreachable, ...):
+# Reamer reads those conditions themselves (:func:`reamer.backends.k8s.objects.schedulable`), and
+# pods tolerate their NoExecute form for a while (DefaultTolerationSeconds), so they do not evict
+CONDITION_TAINTS = "node.kubernetes.io/"
 
 
 def _list(v: Any, where: str) -> list:
@@ -51,18 +58,19 @@ def _requirement(req: Any, where: str, fields: bool) -> tuple[str, str, tuple[st
         raise SpecError("InvalidNodeConstraint", f"{where}.values: expected at least one value for {op}")
     if op in ("Exists", "DoesNotExist") and values:
         raise SpecError("InvalidNodeConstraint", f"{where}.values: expected none for {op}, got {values!r}")
-    if op in ("Gt", "Lt"):
-        if len(values) != 1 or not _is_int(values[0]):
-            raise SpecError("InvalidNodeConstraint", f"{where}.values: expected one integer for {op}, got {values!r}")
+    if op in ("Gt", "Lt") and len(values) != 1:
+        raise SpecError("InvalidNodeConstraint", f"{where}.values: expected one value for {op}, got {values!r}")
+    if fields and len(values) != 1:
+        raise SpecError("InvalidNodeConstraint", f"{where}.values: expected one node name for {op}, got {values!r}")
     return key, op, tuple(values)
 
 
-def _is_int(s: str) -> bool:
-    try:
-        int(s)
-    except ValueError:
-        return False
-    return True
+def _int64(s: str | None) -> int | None:
+    """``s`` as Go's ``strconv.ParseInt(s, 10, 64)`` reads it (None: not such a number)."""
+    if s is None or not INT.fullmatch(s):
+        return None
+    v = int(s)
+    return v if -(2**63) <= v < 2**63 else None
 
 
 def _matches(have: dict[str, str], key: str, op: str, values: tuple[str, ...]) -> bool:
@@ -75,9 +83,10 @@ def _matches(have: dict[str, str], key: str, op: str, values: tuple[str, ...]) -
         return v is not None
     if op == "DoesNotExist":
         return v is None
-    if v is None or not _is_int(v):
+    n, bound = _int64(v), _int64(values[0])
+    if n is None or bound is None:  # (a bound that is not an integer: its term matches no node)
         return False
-    return int(v) > int(values[0]) if op == "Gt" else int(v) < int(values[0])
+    return n > bound if op == "Gt" else n < bound
 
 
 class NodeFilter:
@@ -100,11 +109,23 @@ class NodeFilter:
                 return False
         return True
 
+    def evicts(self, node: Obj) -> bool:
+        """A pod of this template on ``node`` is evicted: a NoExecute taint it does not tolerate
+        (but the node-condition taints, see :data:`CONDITION_TAINTS`)."""
+        return any(taint.get("effect") == "NoExecute" and not str(taint.get("key", "")).startswith(CONDITION_TAINTS)
+                   and not any(_tolerates(t, taint) for t in self.tolerations)
+                   for taint in (node.get("spec") or {}).get("taints") or [])
+
 
 def _tolerates(t: dict, taint: dict) -> bool:
+    """``t`` tolerates ``taint`` for good: a NoExecute toleration with ``tolerationSeconds`` only
+    delays the eviction, so it does not count (a pod placed there would be evicted, and placed
+    there again)."""
     if t.get("effect") and t["effect"] != taint.get("effect"):
         return False
-    if t.get("operator", "Equal") == "Exists":
+    if taint.get("effect") == "NoExecute" and t.get("tolerationSeconds") is not None:
+        return False
+    if t["operator"] == "Exists":
         return not t.get("key") or t["key"] == taint.get("key")
     return t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or "")
 
@@ -135,14 +156,20 @@ def node_filter(template: Any, where: str) -> NodeFilter:
                 terms.append(reqs)
     tolerations = []
     for i, t in enumerate(_list(spec.get("tolerations"), f"{where}.spec.tolerations")):
-        t = _dict(t, f"{where}.spec.tolerations[{i}]")
-        if t.get("operator", "Equal") not in ("Equal", "Exists"):
-            raise SpecError("InvalidNodeConstraint", f"{where}.spec.tolerations[{i}].operator: expected Equal or "
-                                                     f"Exists, got {t.get('operator')!r}")
-        if t.get("operator") == "Exists" and t.get("value"):
-            raise SpecError("InvalidNodeConstraint", f"{where}.spec.tolerations[{i}].value: expected none with Exists")
-        if t.get("operator", "Equal") == "Equal" and not t.get("key"):
-            raise SpecError("InvalidNodeConstraint", f"{where}.spec.tolerations[{i}].key: expected a key with Equal")
+        at = f"{where}.spec.tolerations[{i}]"
+        t = dict(_dict(t, at))
+        t["operator"] = t.get("operator") or "Equal"  # (empty: Equal, as the API server reads it)
+        if t["operator"] not in ("Equal", "Exists"):
+            raise SpecError("InvalidNodeConstraint", f"{at}.operator: expected Equal or Exists, got {t['operator']!r}")
+        if t["operator"] == "Exists" and t.get("value"):
+            raise SpecError("InvalidNodeConstraint", f"{at}.value: expected none with Exists, got {t['value']!r}")
+        if t["operator"] == "Equal" and not t.get("key"):
+            raise SpecError("InvalidNodeConstraint", f"{at}.key: expected a key with Equal (or operator Exists)")
+        if t.get("effect") and t["effect"] not in EFFECTS:
+            raise SpecError("InvalidNodeConstraint", f"{at}.effect: expected one of {', '.join(EFFECTS)} or none, "
+                                                     f"got {t['effect']!r}")
+        if t.get("tolerationSeconds") is not None and t.get("effect") != "NoExecute":
+            raise SpecError("InvalidNodeConstraint", f"{at}.tolerationSeconds: expected only with effect NoExecute")
         tolerations.append(t)
     return NodeFilter(selector, terms, tolerations)
 
@@ -153,11 +180,19 @@ class Eligibility:
 
     def __init__(self, nodes: Sequence[Obj]) -> None:
         self.nodes = nodes
-        self._memo: dict[str, frozenset[str] | None] = {}
+        self._memo: dict[str, tuple[frozenset[str] | None, frozenset[str]]] = {}
 
     def of(self, template: Any, where: str) -> frozenset[str] | None:
         """The names of the nodes a pod of ``template`` may be placed on; None when every node
         may take it. ``where``: the template's path in its resource, for errors."""
+        return self._answer(template, where)[0]
+
+    def evicting(self, template: Any, where: str) -> frozenset[str]:
+        """The names of the nodes a running pod of ``template`` is evicted from
+        (:meth:`NodeFilter.evicts`)."""
+        return self._answer(template, where)[1]
+
+    def _answer(self, template: Any, where: str) -> tuple[frozenset[str] | None, frozenset[str]]:
         spec = template.get("spec") if isinstance(template, dict) else template
         if isinstance(spec, dict):
             spec = {k: spec.get(k) for k in ("nodeSelector", "affinity", "tolerations")}
@@ -165,5 +200,6 @@ class Eligibility:
         if key not in self._memo:
             f = node_filter(template, where)
             ok = frozenset(meta(n)["name"] for n in self.nodes if f.allows(n))
-            self._memo[key] = None if len(ok) == len(self.nodes) else ok
+            self._memo[key] = (None if len(ok) == len(self.nodes) else ok,
+                               frozenset(meta(n)["name"] for n in self.nodes if f.evicts(n)))
         return self._memo[key]

@@ -17,7 +17,7 @@ from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.affinity import Eligibility
 from reamer.backends.k8s.kube import Kube, Obj, Reflector, custom, nodes, pods
 from reamer.backends.state.training import ClusterState
-from reamer.domain import Container, Node, Resources
+from reamer.domain import Container, Node, Resources, Role
 from reamer.domain.decisions import InvalidDecision
 
 log = logging.getLogger(__name__)
@@ -113,8 +113,9 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
                    on_invalid: Callable[[str, ko.SpecError], None] | None = None) -> TrainingView:
     """Rebuild the shared training state from the TrainingJobs' status (the shape the
     controller decided) in arrival order. What runs is booked even where a node is now
-    overcommitted; a job is queued again only when a node its shape names is gone. Each role may
-    be placed only on the nodes its pod template allows (:mod:`reamer.backends.k8s.affinity`). A job
+    overcommitted; a job is queued again only when a node its shape names is gone, or has a
+    NoExecute taint a pod there does not tolerate (it would be evicted). Each role may be placed
+    only on the nodes its pod template allows (:mod:`reamer.backends.k8s.affinity`). A job
     whose spec cannot run keeps its pods, counted as foreign (nothing double-books them), and
     so does a job being deleted (a foreground deletion or a finalizer holds it while the garbage
     collector removes its pods: it is not run, reshaped or given pods again)."""
@@ -131,24 +132,30 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
             continue
         try:
             spec = ko.training_job(tj, models)
-            spec = replace(spec, **{f"{r}_nodes": eligible.of(tj["spec"][r].get("template"), f"spec.{r}.template")
-                                    for r in ("ps", "worker")})
-            specs.append((tj, spec, ko.status_containers(name, tj.get("status") or {})))
+            tmpl = {r: (tj["spec"][r.value].get("template"), f"spec.{r.value}.template")
+                    for r in (Role.PS, Role.WORKER)}
+            spec = replace(spec, ps_nodes=eligible.of(*tmpl[Role.PS]), worker_nodes=eligible.of(*tmpl[Role.WORKER]))
+            evicting = {r: eligible.evicting(*t) for r, t in tmpl.items()}
+            specs.append((tj, spec, ko.status_containers(name, tj.get("status") or {}), evicting))
         except (ko.SpecError, KeyError, ValueError, TypeError) as e:
             invalid[name] = e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e))
             if on_invalid:
                 on_invalid(name, invalid[name])
     cordoned = {ko.meta(n)["name"] for n in objs.nodes if not ko.schedulable(n)}
     held: dict[str, Resources] = {}
-    for _, _, containers in specs:
+    for _, _, containers, _ in specs:
         for c in containers:
             if c.node in cordoned:
                 held[c.node] = held.get(c.node, Resources()) + c.res
     view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held)), invalid=invalid, done=done)
-    for tj, spec, containers in specs:
+    for tj, spec, containers, evicting in specs:
         name, st = spec.id, tj.get("status") or {}
         if any(c.node not in view.state.free for c in containers):
             log.warning("job %s: a node of its recorded shape is gone: queued again", name)
+            containers = []
+        elif (c := next((c for c in containers if c.node in evicting[c.role]), None)) is not None:
+            log.warning("job %s: node %s has a NoExecute taint its %s pods do not tolerate: queued again", name,
+                        c.node, c.role.value)
             containers = []
         kw = dict(next_id=int(st.get("nextIndex", 0)), queued_since=float(st.get("queuedAt", spec.arrival_s)),
                   queue_s=float(st.get("queueSeconds", 0.0)), started_s=st.get("startedAt"),
