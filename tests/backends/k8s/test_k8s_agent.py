@@ -335,6 +335,57 @@ def test_a_pod_whose_metrics_port_is_not_http_costs_only_its_own_metrics(tmp_pat
     assert e["name"] == "j-worker-0" and "metrics" not in e
 
 
+def test_pods_metrics_endpoints_are_scraped_at_once(tmp_path):
+    """Four pods whose endpoints answer only once all four are connected (a barrier that gives
+    up after 1.5 s, inside the 2 s scrape time-out): scraped one after another, the first would
+    wait alone and fail; scraped at once, every pod has its metrics. A hung endpoint therefore
+    costs a report its time-out once, not once per pod behind it."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    together = threading.Barrier(4, timeout=1.5)
+    body = b"# TYPE reamer_train_samples_total counter\nreamer_train_samples_total 5\n"
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(4096)
+            try:
+                together.wait()
+            except threading.BrokenBarrierError:
+                return  # alone: no answer
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+
+    def accept() -> None:
+        for _ in range(4):
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    root = tmp_path / "cg"
+    for h in ("cpu", "cpuacct"):
+        (root / h).mkdir(parents=True)
+    (root / "cpuacct" / "cpuacct.usage").write_text("0")
+    pods = []
+    for k in range(4):
+        pod = _pod(f"uid-{k}")
+        pod["metadata"]["name"] = f"j-worker-{k}"
+        pod["metadata"]["annotations"] = {"reamer.io/metrics-port": str(srv.getsockname()[1])}
+        pods.append(pod)
+    agent = Agent(FakeKube(pods), "n1", cgroup_root=root, clock=lambda: 100.0, scrape_host="127.0.0.1")
+    try:
+        entries = agent.measure()["pods"]
+    finally:
+        srv.close()
+    assert sorted(e["name"] for e in entries if "metrics" in e) == [f"j-worker-{k}" for k in range(4)]
+
+
 REAL = Path("/sys/fs/cgroup")
 
 

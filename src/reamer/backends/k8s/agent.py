@@ -17,6 +17,7 @@ import re
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,17 +184,20 @@ class Agent:
 
     ``cgroup_root`` / ``proc_root`` are where the node's cgroup tree and ``/proc`` are mounted
     (the DaemonSet mounts the host's); ``system_reserved`` cores are kept for the system;
-    ``scrape_host`` overrides the pods' IP (tests)."""
+    ``scrape_host`` overrides the pods' IP (tests); ``scrape_workers`` bounds the metrics
+    endpoints scraped at once."""
 
     def __init__(self, kube: Kube, node: str, *, cgroup_root: Path = Path("/sys/fs/cgroup"),
                  proc_root: Path = Path("/proc"), system_reserved: float = 1.0, nic_gbps: float | None = None,
-                 clock: Callable[[], float] = time.time, scrape_host: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, scrape_host: str | None = None,
+                 scrape_workers: int = 16) -> None:
         self.kube, self.node = kube, node
         self.cgroup_root, self.proc_root = cgroup_root, proc_root
         self.version = detect_version(cgroup_root)
         self.top = cpu_hierarchy(cgroup_root, self.version)
         self.usage_top = usage_hierarchy(cgroup_root, self.top, self.version)
         self.system_reserved, self.nic_gbps, self.clock, self.scrape_host = system_reserved, nic_gbps, clock, scrape_host
+        self.scrape_workers = scrape_workers
         self._prev: dict[str, _Prev] = {}
         self._last: float | None = None
         self._sys_prev: float | None = None
@@ -209,13 +213,13 @@ class Agent:
         entries, seen = [], set()
         used = {"training": 0.0, "inference": 0.0, "other": 0.0}
         limits = 0.0
-        for p in items:
-            if ko.terminated(p):
-                continue
+        live = [p for p in items if not ko.terminated(p)]
+        scraped = self._scrape_all(live)
+        for p in live:
             m = ko.meta(p)
             uid = m["uid"]
             seen.add(uid)
-            e, cpu_used = self._pod(p, now)
+            e, cpu_used = self._pod(p, now, scraped.get(uid))
             entries.append(e)
             kind = "training" if ko.JOB in ko.labels(p) else "inference" if ko.SERVICE in ko.labels(p) else "other"
             used[kind] += cpu_used
@@ -233,7 +237,30 @@ class Agent:
                 "slack": max(0.0, cores - max(system, self.system_reserved) - max(limits, used["training"])),
                 "pods": entries}
 
-    def _pod(self, p: dict, now: float) -> tuple[dict, float]:
+    def _scrape_all(self, pods: list[dict]) -> dict[str, dict | Exception]:
+        """Each pod's metrics endpoint (``reamer.io/metrics-port``), all at once: one that hangs
+        costs the report its time-out once, not once per pod behind it. By pod uid: the
+        families, or what went wrong."""
+        urls = {}
+        for p in pods:
+            port = ko.annotations(p).get(METRICS_PORT)
+            host = self.scrape_host or (p.get("status") or {}).get("podIP")
+            if port and host:
+                urls[ko.meta(p)["uid"]] = f"http://{host}:{port}/metrics"
+        if not urls:
+            return {}
+        out: dict[str, dict | Exception] = {}
+        with ThreadPoolExecutor(max_workers=min(self.scrape_workers, len(urls)),
+                                thread_name_prefix="reamer-scrape") as pool:
+            futures = {uid: pool.submit(scrape, url) for uid, url in urls.items()}
+            for uid, f in futures.items():
+                try:
+                    out[uid] = f.result()
+                except Exception as err:  # any pod's endpoint (a non-HTTP port: BadStatusLine) is that pod's trouble
+                    out[uid] = err
+        return out
+
+    def _pod(self, p: dict, now: float, scraped: dict | Exception | None) -> tuple[dict, float]:
         m = ko.meta(p)
         uid = m["uid"]
         e: dict = {"namespace": m["namespace"], "name": m["name"], "uid": uid, "cpuLimit": ko.pod_cpu_limit(p)}
@@ -258,14 +285,11 @@ class Agent:
         if prev and dt > 0 and net is not None and prev.net is not None:
             e["netGbps"] = 8.0 * max(0, net - prev.net) / dt / 1e9
         metrics = None
-        port = ko.annotations(p).get(METRICS_PORT)
-        host = self.scrape_host or (p.get("status") or {}).get("podIP")
-        if port and host:
-            try:
-                metrics = scrape(f"http://{host}:{port}/metrics")
-                e["metrics"] = summarize(metrics, prev.metrics if prev else None, dt)
-            except Exception as err:  # any pod's endpoint (a non-HTTP port: BadStatusLine) is that pod's trouble
-                log.info("pod %s: metrics not scraped: %s", m["name"], err)
+        if isinstance(scraped, Exception):
+            log.info("pod %s: metrics not scraped: %s", m["name"], scraped)
+        elif scraped is not None:
+            metrics = scraped
+            e["metrics"] = summarize(metrics, prev.metrics if prev else None, dt)
         self._prev[uid] = _Prev(now, cpu, net, metrics)
         return e, cpu_used
 
