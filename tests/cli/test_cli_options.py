@@ -343,33 +343,44 @@ def sweep(monkeypatch, tmp_path):
 
 
 def test_cleanup_removes_the_leftovers_and_says_what(sweep, tmp_path):
-    r = run("cleanup", "--cgroup-root", str(tmp_path))
+    """The temporary folder a killed run without a state folder left (marked as the run's) goes;
+    a folder of the same name without the mark is someone else's and stays."""
+    from reamer.backends.local import session
+
+    temp = tmp_path / "tmp"
+    dead = temp / f"{session.TEMP_PREFIX}k9x"
+    (dead / "logs").mkdir(parents=True)
+    (dead / session.TEMP_MARK).write_text("4242\n")
+    other = temp / f"{session.TEMP_PREFIX}mine"
+    other.mkdir()
+    r = run("cleanup", "--cgroup-root", str(tmp_path), "--temp-root", str(temp))
     assert r.exit_code == 0, r.output
     assert sweep == [tmp_path]
     assert r.stdout.splitlines() == ["removed cgroup reamer-local/cifar-ps0", "removed cgroup reamer-local/cifar-w0",
-                                     "removed network namespace rmrl-4242-h0"]
+                                     "removed network namespace rmrl-4242-h0", f"removed temporary run folder {dead}"]
+    assert not dead.exists() and other.is_dir()
 
 
 def test_cleanup_json(sweep, tmp_path):
-    r = run("cleanup", "--json", "-")
+    r = run("cleanup", "--json", "-", "--temp-root", str(tmp_path))
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout) == {"removed": {"cgroups": ["reamer-local/cifar-ps0", "reamer-local/cifar-w0"],
-                                                "namespaces": ["rmrl-4242-h0"]}}
+                                                "namespaces": ["rmrl-4242-h0"], "folders": []}}
     assert "removed cgroup" in r.stderr
     out = tmp_path / "c.json"
-    assert run("cleanup", "--json", str(out)).exit_code == 0
+    assert run("cleanup", "--json", str(out), "--temp-root", str(tmp_path)).exit_code == 0
     assert json.loads(out.read_text())["removed"]["namespaces"] == ["rmrl-4242-h0"]
 
 
-def test_cleanup_with_nothing_left(monkeypatch, sweep):
+def test_cleanup_with_nothing_left(monkeypatch, sweep, tmp_path):
     from reamer.backends.local import session
 
     monkeypatch.setattr(session, "sweep_leftovers", lambda root: [])
-    r = run("cleanup")
+    r = run("cleanup", "--temp-root", str(tmp_path))
     assert r.exit_code == 0 and r.stdout.startswith("nothing to remove")
 
 
-def test_cleanup_refuses_while_a_live_run_holds_the_lock(sweep):
+def test_cleanup_refuses_while_a_live_run_holds_the_lock(sweep, tmp_path):
     from reamer.backends.local import session
 
     code = (f"import time, pathlib; from reamer.backends.local.session import run_lock\n"
@@ -377,14 +388,14 @@ def test_cleanup_refuses_while_a_live_run_holds_the_lock(sweep):
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        r = run("cleanup")
+        r = run("cleanup", "--temp-root", str(tmp_path))
         assert r.exit_code == 2
         assert f"pid {holder.pid}" in one_line(r) and "no live real run" in one_line(r)
         assert sweep == []  # nothing touched
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert run("cleanup").exit_code == 0 and len(sweep) == 1  # the dead holder freed it
+    assert run("cleanup", "--temp-root", str(tmp_path)).exit_code == 0 and len(sweep) == 1  # the dead holder freed it
 
 
 def test_cleanup_errors_are_one_line_exit_1(monkeypatch, sweep, tmp_path):

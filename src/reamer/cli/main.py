@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -435,12 +436,15 @@ def cleanup(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write what was removed as JSON here; - : stdout")]
     = None,
     cgroup_root: Annotated[Path, typer.Option(help="The cgroup mount")] = Path("/sys/fs/cgroup"),
+    temp_root: Annotated[Path, typer.Option(help="Where runs without a state folder keep their temporary folder")]
+    = Path(tempfile.gettempdir()),
 ) -> None:
-    """Remove what a dead real run left (cgroups, network namespaces).
+    """Remove what a dead real run left (cgroups, network namespaces, temporary folders).
 
     After a real run (reamer local, reamer demo) was killed (kill -9, a crash): its cgroups,
-    killing the processes still in them, and its network namespaces. Refuses while a live run
-    holds the machine's lock. State folders (checkpoints, for a resume) are kept."""
+    killing the processes still in them, its network namespaces, and the temporary folder of a
+    run without a state folder (reamer demo). Refuses while a live run holds the machine's lock.
+    State folders (checkpoints, for a resume) are kept."""
     from reamer.backends.local import session
 
     with _errors():
@@ -448,21 +452,24 @@ def cleanup(
         try:
             with session.run_lock(session.LOCK_PATH):
                 removed = session.sweep_leftovers(cgroup_root)
+                folders = [str(d) for d in session.sweep_temp_folders(temp_root)]
         except session.RunLocked as e:
             raise InputError("reamer cleanup", "machine", "no live real run (it removes its own leftovers)",
                              str(e)) from None
     namespaces = [r for r in removed if r.startswith(f"{session.NETNS_PREFIX}-")]
     cgroups = [r for r in removed if r not in namespaces]
     out = human(json_out)
-    if not removed:
+    if not removed and not folders:
         out.print(f"nothing to remove: no {session.CGROUP_PREFIX} cgroups under {cgroup_root}, no network namespace "
-                  f"{session.NETNS_PREFIX}-* of a dead run", highlight=False)
+                  f"{session.NETNS_PREFIX}-* of a dead run, no temporary run folder in {temp_root}", highlight=False)
     for name in cgroups:
         out.print(f"removed cgroup {name}", highlight=False)
     for name in namespaces:
         out.print(f"removed network namespace {name}", highlight=False)
+    for name in folders:
+        out.print(f"removed temporary run folder {name}", highlight=False)
     if json_out:
-        emit_json(json_out, {"removed": {"cgroups": cgroups, "namespaces": namespaces}})
+        emit_json(json_out, {"removed": {"cgroups": cgroups, "namespaces": namespaces, "folders": folders}})
 
 
 @app.command()

@@ -43,6 +43,8 @@ CGROUP_PREFIX = "reamer-local"
 LOCK_PATH = Path("/run/lock" if Path("/run/lock").is_dir() else tempfile.gettempdir()) / "reamer-local.lock"
 NETNS_PREFIX = "rmrl"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+TEMP_PREFIX = "reamer-local-"  # a run without a state folder works in a temporary folder of this name
+TEMP_MARK = ".reamer-temporary-run"  # ... holding this file: the folder is the run's, to remove
 
 
 def default_state_dir(scenario: str) -> Path:
@@ -99,6 +101,19 @@ def sweep_leftovers(cgroup_root: Path = CGROUP_ROOT) -> list[str]:
     executor = CgroupExecutor(cgroup_root, prefix=CGROUP_PREFIX, controllers=("cpu", "cpuset"))
     me = os.getpid()
     return executor.sweep(kill=True) + sweep_namespaces(NETNS_PREFIX, alive=lambda pid: pid == me)
+
+
+def sweep_temp_folders(temp_root: Path, keep: Path | None = None) -> list[Path]:
+    """The temporary run folders (:data:`TEMP_PREFIX`, holding :data:`TEMP_MARK`) under
+    ``temp_root`` that dead runs left (a run removes its own at its end; a ``kill -9`` does
+    not), but ``keep``. Called under the machine's run lock, as :func:`sweep_leftovers`.
+    Returns what it removed."""
+    removed = []
+    for d in sorted(temp_root.glob(TEMP_PREFIX + "*")):
+        if d != keep and d.is_dir() and not d.is_symlink() and (d / TEMP_MARK).is_file():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def local_nodes(sc: LocalScenario) -> list[LocalNode]:
@@ -263,9 +278,13 @@ def _session(sc: LocalScenario, profiles: Profiles, state_dir: Path | None, fres
     if apparatus_cpus is not None:
         os.sched_setaffinity(0, set(apparatus_cpus))
     executor = CgroupExecutor(cgroup_root, prefix=CGROUP_PREFIX, controllers=("cpu", "cpuset"))
-    wd = Path(tempfile.mkdtemp(prefix="reamer-local-")) if state_dir is None else Path(state_dir)
+    if state_dir is None:
+        wd = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+        (wd / TEMP_MARK).write_text(f"{os.getpid()}\n")
+    else:
+        wd = Path(state_dir)
     prev, said = _previous(sc, wd, fresh, executor) if state_dir is not None else (None, [])
-    swept = sweep_leftovers(cgroup_root)
+    swept = sweep_leftovers(cgroup_root) + [str(d) for d in sweep_temp_folders(Path(tempfile.gettempdir()), wd)]
     if swept:
         log.warning("removed leftovers of an earlier run: %s", ", ".join(swept))
     record = None
