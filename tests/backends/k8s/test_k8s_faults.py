@@ -52,6 +52,31 @@ def test_a_cordoned_node_keeps_its_job_and_takes_no_new_one(kube, ns, controller
     assert not job_pods(kube, ns, "new") and kube.get(custom("trainingjobs", ns, "new"))["status"]["phase"] == "Queued"
 
 
+def test_a_drained_node_is_left_empty_and_its_job_starts_elsewhere(kube, ns, controller):
+    """``kubectl drain``: the node is cordoned, then its pods are evicted. An evicted pod is not
+    re-created on the cordoned node (the drain would never end): its job is queued again, its
+    other pods there go, and it starts on a node that takes pods."""
+    make_node(kube, "node-a", 16)
+    kube.create(custom("trainingjobs", ns), training_job("drained", ps=1, workers=1))
+    c = controller(policy="static")
+    c.round()
+    kubelet = Kubelet(kube, ns)
+    kubelet.sync()
+    make_node(kube, "node-b", 16)
+    kube.merge_patch(nodes("node-a"), {"spec": {"unschedulable": True}})
+    c.round()  # cordoned only: the job keeps running where it is
+    assert {p["spec"]["nodeName"] for p in job_pods(kube, ns, "drained")} == {"node-a"}
+    w = next(p for p in job_pods(kube, ns, "drained") if ko.labels(p)[ko.ROLE] == "worker")
+    kube.delete(pods(ns, ko.meta(w)["name"]), grace_s=0)  # the eviction
+    for _ in range(3):
+        c.round()
+        kubelet.sync()
+    live = job_pods(kube, ns, "drained")
+    assert len(live) == 2 and {p["spec"]["nodeName"] for p in live} == {"node-b"}
+    st = kube.get(custom("trainingjobs", ns, "drained"))["status"]
+    assert st["phase"] == "Running" and st["epoch"] == 2
+
+
 def test_a_node_label_that_is_not_a_number_does_not_stop_the_rounds(kube, ns, controller):
     """``reamer.io/nic-gbps=25G`` is a valid label value: that node gets the default NIC (and a
     warning), and the controller still places jobs."""

@@ -148,14 +148,20 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
             if c.node in cordoned:
                 held[c.node] = held.get(c.node, Resources()) + c.res
     view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held)), invalid=invalid, done=done)
+    pods_of = _pods_by_owner(objs) if cordoned else {}
     for tj, spec, containers, evicting in specs:
         name, st = spec.id, tj.get("status") or {}
+        epoch = int(st.get("epoch", 0))
         if any(c.node not in view.state.free for c in containers):
             log.warning("job %s: a node of its recorded shape is gone: queued again", name)
             containers = []
         elif (c := next((c for c in containers if c.node in evicting[c.role]), None)) is not None:
             log.warning("job %s: node %s has a NoExecute taint its %s pods do not tolerate: queued again", name,
                         c.node, c.role.value)
+            containers = []
+        elif (c := _evicted(containers, st, epoch, cordoned, pods_of.get(ko.meta(tj).get("uid"), {}))) is not None:
+            log.warning("job %s: its pod on node %s, which takes no new pods (cordoned or not ready), was evicted: "
+                        "queued again", name, c.node)
             containers = []
         kw = dict(next_id=int(st.get("nextIndex", 0)), queued_since=float(st.get("queuedAt", spec.arrival_s)),
                   queue_s=float(st.get("queueSeconds", 0.0)), started_s=st.get("startedAt"),
@@ -167,10 +173,34 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
             containers = []
             view.state.restore(spec, containers, **kw)
         view.crs[name] = tj
-        view.epochs[name] = int(st.get("epoch", 0))
+        view.epochs[name] = epoch
         for c, rec in zip(containers, st.get("containers") or [], strict=False):
-            view.pod_names[c.id] = rec.get("pod") or default_pod_name(c, view.epochs[name])
+            view.pod_names[c.id] = rec.get("pod") or default_pod_name(c, epoch)
     return view
+
+
+def _pods_by_owner(objs: ClusterObjects) -> dict[str, dict[str, Obj]]:
+    """Training pods by their TrainingJob's uid, then by name."""
+    out: dict[str, dict[str, Obj]] = {}
+    for p in objs.pods:
+        if ko.JOB in ko.labels(p):
+            for ref in ko.meta(p).get("ownerReferences") or []:
+                if ref.get("kind") == "TrainingJob":
+                    out.setdefault(ref.get("uid"), {})[ko.meta(p)["name"]] = p
+    return out
+
+
+def _evicted(containers: list[Container], status: Obj, epoch: int, cordoned: set[str],
+             pods: dict[str, Obj]) -> Container | None:
+    """The first container on a node that takes no new pods whose pod is gone, going or Failed
+    (``kubectl drain`` evicts it, the taint manager deletes it): re-created there, it would undo
+    the drain, so its job is queued again instead."""
+    for c, rec in zip(containers, status.get("containers") or [], strict=False):
+        if c.node in cordoned:
+            p = pods.get(rec.get("pod") or default_pod_name(c, epoch))
+            if p is None or ko.deleting(p) or (p.get("status") or {}).get("phase") == "Failed":
+                return c
+    return None
 
 
 def default_pod_name(c: Container, epoch: int) -> str:
