@@ -202,6 +202,7 @@ class _Round:
         m = self.masks.get(svc)
         if m is None:
             m = self.masks[svc] = np.fromiter((n in nodes for n in self.names), dtype=bool, count=len(self.names))
+            m.flags.writeable = False
         return m
 
     def count(self, svc: str) -> np.ndarray:

@@ -161,6 +161,7 @@ class FreeMap:
         own = self._masks.get(nodes)
         if own is None:
             own = self._masks[nodes] = np.fromiter((n in nodes for n in self.names), dtype=bool, count=len(self.names))
+            own.flags.writeable = False  # shared by every round on these nodes
         return own if mask is None else own & mask
 
     def only(self, node: str) -> np.ndarray:
