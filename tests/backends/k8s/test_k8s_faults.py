@@ -56,12 +56,7 @@ def test_a_drained_node_is_left_empty_and_its_job_starts_elsewhere(kube, ns, con
     """``kubectl drain``: the node is cordoned, then its pods are evicted. An evicted pod is not
     re-created on the cordoned node (the drain would never end): its job is queued again, its
     other pods there go, and it starts on a node that takes pods."""
-    make_node(kube, "node-a", 16)
-    kube.create(custom("trainingjobs", ns), training_job("drained", ps=1, workers=1))
-    c = controller(policy="static")
-    c.round()
-    kubelet = Kubelet(kube, ns)
-    kubelet.sync()
+    c, kubelet = _running(kube, ns, controller, "drained", workers=1, cores=16)
     make_node(kube, "node-b", 16)
     kube.merge_patch(nodes("node-a"), {"spec": {"unschedulable": True}})
     c.round()  # cordoned only: the job keeps running where it is
@@ -170,13 +165,20 @@ def test_a_job_created_again_under_the_same_name_starts_afresh(kube, ns, control
     assert st["phase"] == "Running" and st.get("samplesDone", 0.0) == 0.0
 
 
-def test_a_failed_pod_restarts_the_job_from_its_checkpoint(kube, ns, controller):
-    make_node(kube, "node-a", 32)
-    kube.create(custom("trainingjobs", ns), training_job("crash", ps=1, workers=2))
+def _running(kube, ns, controller, job: str, workers: int, cores: float):
+    """A job of one PS and ``workers`` workers started by a ``static`` controller on node-a
+    (``cores``), its pods Ready; the controller and the stand-in kubelet."""
+    make_node(kube, "node-a", cores)
+    kube.create(custom("trainingjobs", ns), training_job(job, ps=1, workers=workers))
     c = controller(policy="static")
     c.round()
     kubelet = Kubelet(kube, ns)
     kubelet.sync()
+    return c, kubelet
+
+
+def test_a_failed_pod_restarts_the_job_from_its_checkpoint(kube, ns, controller):
+    c, kubelet = _running(kube, ns, controller, "crash", workers=2, cores=32)
     w = next(p for p in job_pods(kube, ns, "crash") if ko.labels(p)[ko.ROLE] == "worker")
     kube.merge_patch(pods(ns, ko.meta(w)["name"], "status"), {"status": {"phase": "Failed", "reason": "OutOfcpu"}})
     c.round()
