@@ -113,8 +113,9 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
                    on_invalid: Callable[[str, ko.SpecError], None] | None = None) -> TrainingView:
     """Rebuild the shared training state from the TrainingJobs' status (the shape the
     controller decided) in arrival order. What runs is booked even where a node is now
-    overcommitted; a job is queued again only when a node its shape names is gone, or has a
-    NoExecute taint a pod there does not tolerate (it would be evicted). Each role may be placed
+    overcommitted; a job is queued again only when a node its shape names is gone, has a
+    NoExecute taint a pod there does not tolerate (it would be evicted), or takes no new pods
+    while a pod of the job there was evicted (a drain). Each role may be placed
     only on the nodes its pod template allows (:mod:`reamer.backends.k8s.affinity`). A job
     whose spec cannot run keeps its pods, counted as foreign (nothing double-books them), and
     so does a job being deleted (a foreground deletion or a finalizer holds it while the garbage
