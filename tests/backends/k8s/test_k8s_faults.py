@@ -72,6 +72,22 @@ def test_a_drained_node_is_left_empty_and_its_job_starts_elsewhere(kube, ns, con
     assert st["phase"] == "Running" and st["epoch"] == 2
 
 
+def test_a_pod_evicted_from_a_node_under_pressure_is_not_recreated_there(kube, ns, controller):
+    """The kubelet evicts a pod under memory pressure (Failed, reason Evicted) and the node is
+    tainted so that no new pod goes there: the job starts again on another node, not on it."""
+    c, kubelet = _running(kube, ns, controller, "pressed", workers=1, cores=16)
+    make_node(kube, "node-b", 16)
+    kube.merge_patch(nodes("node-a"), {"spec": {"taints": [
+        {"key": "node.kubernetes.io/memory-pressure", "effect": "NoSchedule"}]}})
+    w = next(p for p in job_pods(kube, ns, "pressed") if ko.labels(p)[ko.ROLE] == "worker")
+    kube.merge_patch(pods(ns, ko.meta(w)["name"], "status"), {"status": {"phase": "Failed", "reason": "Evicted"}})
+    for _ in range(3):
+        c.round()
+        kubelet.sync()
+    live = [p for p in job_pods(kube, ns, "pressed") if not ko.terminated(p)]
+    assert len(live) == 2 and {p["spec"]["nodeName"] for p in live} == {"node-b"}
+
+
 def test_a_node_label_that_is_not_a_number_does_not_stop_the_rounds(kube, ns, controller):
     """``reamer.io/nic-gbps=25G`` is a valid label value: that node gets the default NIC (and a
     warning), and the controller still places jobs."""

@@ -17,7 +17,7 @@ from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.affinity import Eligibility
 from reamer.backends.k8s.kube import Kube, Obj, Reflector, custom, nodes, pods
 from reamer.backends.state.training import ClusterState
-from reamer.domain import Container, Node, Resources, Role
+from reamer.domain import Container, Node, Resources, Role, TrainingJob
 from reamer.domain.decisions import InvalidDecision
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,8 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
     """Rebuild the shared training state from the TrainingJobs' status (the shape the
     controller decided) in arrival order. What runs is booked even where a node is now
     overcommitted; a job is queued again only when a node its shape names is gone, has a
-    NoExecute taint a pod there does not tolerate (it would be evicted), or takes no new pods
-    while a pod of the job there was evicted (a drain). Each role may be placed
+    NoExecute taint a pod there does not tolerate (it would be evicted), or takes no new pod of
+    the role whose pod there is gone or Failed (a drain, a kubelet eviction). Each role may be placed
     only on the nodes its pod template allows (:mod:`reamer.backends.k8s.affinity`). A job
     whose spec cannot run keeps its pods, counted as foreign (nothing double-books them), and
     so does a job being deleted (a foreground deletion or a finalizer holds it while the garbage
@@ -149,7 +149,7 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
             if c.node in cordoned:
                 held[c.node] = held.get(c.node, Resources()) + c.res
     view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held)), invalid=invalid, done=done)
-    pods_of = _pods_by_owner(objs) if cordoned else {}
+    pods_of = _pods_by_owner(objs)
     for tj, spec, containers, evicting in specs:
         name, st = spec.id, tj.get("status") or {}
         epoch = int(st.get("epoch", 0))
@@ -160,9 +160,9 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
             log.warning("job %s: node %s has a NoExecute taint its %s pods do not tolerate: queued again", name,
                         c.node, c.role.value)
             containers = []
-        elif (c := _evicted(containers, st, epoch, cordoned, pods_of.get(ko.meta(tj).get("uid"), {}))) is not None:
-            log.warning("job %s: its pod on node %s, which takes no new pods (cordoned or not ready), was evicted: "
-                        "queued again", name, c.node)
+        elif (c := _evicted(spec, containers, st, epoch, cordoned, pods_of.get(ko.meta(tj).get("uid"), {}))):
+            log.warning("job %s: its %s pod on node %s, which takes no new pods of it (cordoned, not ready, a taint or "
+                        "labels), is gone or failed: queued again", name, c.role.value, c.node)
             containers = []
         kw = dict(next_id=int(st.get("nextIndex", 0)), queued_since=float(st.get("queuedAt", spec.arrival_s)),
                   queue_s=float(st.get("queueSeconds", 0.0)), started_s=st.get("startedAt"),
@@ -191,13 +191,15 @@ def _pods_by_owner(objs: ClusterObjects) -> dict[str, dict[str, Obj]]:
     return out
 
 
-def _evicted(containers: list[Container], status: Obj, epoch: int, cordoned: set[str],
+def _evicted(spec: TrainingJob, containers: list[Container], status: Obj, epoch: int, cordoned: set[str],
              pods: dict[str, Obj]) -> Container | None:
-    """The first container on a node that takes no new pods whose pod is gone, going or Failed
-    (``kubectl drain`` evicts it, the taint manager deletes it): re-created there, it would undo
-    the drain, so its job is queued again instead."""
+    """The first container whose pod is gone, going or Failed (``kubectl drain`` evicts it, the
+    taint manager deletes it, the kubelet evicts it under pressure) on a node that takes no new
+    pod of its role (cordoned, not ready, a taint or labels its template does not allow): a pod
+    re-created there would undo the drain or be refused, so its job is queued again instead."""
     for c, rec in zip(containers, status.get("containers") or [], strict=False):
-        if c.node in cordoned:
+        allowed = spec.nodes_for(c.role)
+        if c.node in cordoned or (allowed is not None and c.node not in allowed):
             p = pods.get(rec.get("pod") or default_pod_name(c, epoch))
             if p is None or ko.deleting(p) or (p.get("status") or {}).get("phase") == "Failed":
                 return c
