@@ -33,9 +33,6 @@ class ClusterObjects:
     services: list[Obj]
     slacks: dict[str, Obj]  # node name -> NodeSlack
 
-    def pods_of(self, label: str, value: str) -> list[Obj]:
-        return [p for p in self.pods if ko.labels(p).get(label) == value]
-
 
 class Informers:
     """List + watch of every kind a component reads, in ``namespace`` (nodes and NodeSlacks
@@ -86,6 +83,7 @@ class TrainingView:
     epochs: dict[str, int] = field(default_factory=dict)
     invalid: dict[str, ko.SpecError] = field(default_factory=dict)  # job -> why it cannot run
     done: set[str] = field(default_factory=set)
+    pods: dict[str, dict[str, Obj]] = field(default_factory=dict)  # TrainingJob uid -> its pods by name
 
 
 def _nodes(objs: ClusterObjects, foreign_jobs: set[str], cordoned_use: dict[str, Resources]) -> list[Node]:
@@ -148,8 +146,8 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
         for c in containers:
             if c.node in cordoned:
                 held[c.node] = held.get(c.node, Resources()) + c.res
-    view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held)), invalid=invalid, done=done)
-    pods_of = _pods_by_owner(objs)
+    view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held)), invalid=invalid, done=done,
+                        pods=_pods_by_owner(objs))
     for tj, spec, containers, evicting in specs:
         name, st = spec.id, tj.get("status") or {}
         epoch = int(st.get("epoch", 0))
@@ -160,7 +158,7 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
             log.warning("job %s: node %s has a NoExecute taint its %s pods do not tolerate: queued again", name,
                         c.node, c.role.value)
             containers = []
-        elif (c := _evicted(spec, containers, st, epoch, cordoned, pods_of.get(ko.meta(tj).get("uid"), {}))):
+        elif (c := _evicted(spec, containers, st, epoch, cordoned, view.pods.get(ko.meta(tj).get("uid"), {}))):
             log.warning("job %s: its %s pod on node %s, which takes no new pods of it (cordoned, not ready, a taint or "
                         "labels), is gone or failed: queued again", name, c.role.value, c.node)
             containers = []
@@ -180,14 +178,19 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
     return view
 
 
+def owner_uid(pod: Obj) -> str | None:
+    """The uid of the TrainingJob that owns ``pod`` (None: none does)."""
+    return next((r.get("uid") for r in ko.meta(pod).get("ownerReferences") or [] if r.get("kind") == "TrainingJob"),
+                None)
+
+
 def _pods_by_owner(objs: ClusterObjects) -> dict[str, dict[str, Obj]]:
-    """Training pods by their TrainingJob's uid, then by name."""
+    """Training pods by their TrainingJob's uid (a job deleted and created again under the same
+    name does not inherit the old one's pods), then by name."""
     out: dict[str, dict[str, Obj]] = {}
     for p in objs.pods:
-        if ko.JOB in ko.labels(p):
-            for ref in ko.meta(p).get("ownerReferences") or []:
-                if ref.get("kind") == "TrainingJob":
-                    out.setdefault(ref.get("uid"), {})[ko.meta(p)["name"]] = p
+        if ko.JOB in ko.labels(p) and (uid := owner_uid(p)) is not None:
+            out.setdefault(uid, {})[ko.meta(p)["name"]] = p
     return out
 
 

@@ -38,6 +38,7 @@ from reamer.backends.k8s.cluster import (
     Informers,
     TrainingView,
     default_pod_name,
+    owner_uid,
     training_state,
 )
 from reamer.backends.k8s.kube import ApiError, Kube, custom, pods, services
@@ -103,7 +104,7 @@ class K8sTraining:
             cont = list(j.containers.values())
             st = view.crs[jid].get("status") or {}
             uid = ko.meta(view.crs[jid]).get("uid", jid)
-            pod_uids = {ko.meta(p)["name"]: ko.meta(p).get("uid", "") for p in self._pods_of(objs, view.crs[jid])}
+            pod_uids = {ko.meta(p)["name"]: ko.meta(p).get("uid", "") for p in self._pods_of(view.crs[jid])}
             tel, counters = job_telemetry(cont, view.pod_names, self.ns, reports, self._seen.get(uid, -math.inf),
                                           pod_uids)
             before = st.get("counters") or {}
@@ -116,7 +117,7 @@ class K8sTraining:
             self.counters[jid] = counters
             if tel is not None:
                 self._seen[uid] = newest_report(cont, view.pod_names, self.ns, reports)
-            if samples >= j.spec.samples or self._workers_succeeded(objs, jid, view):
+            if samples >= j.spec.samples or self._workers_succeeded(jid, view):
                 try:
                     self._commit({jid: [view.state.finish(jid, now)]}, now)
                 except Exception:  # one job's trouble is not every job's
@@ -131,10 +132,10 @@ class K8sTraining:
             queue.append(j.view(float((view.crs[jid].get("status") or {}).get("samplesDone", 0.0)), now))
         return view.state.snapshot(now, queue, running, self.telemetry)
 
-    def _workers_succeeded(self, objs: ClusterObjects, jid: str, view: TrainingView) -> bool:
+    def _workers_succeeded(self, jid: str, view: TrainingView) -> bool:
         j = view.state.jobs[jid]
         names = {view.pod_names[c.id] for c in j.containers.values() if c.role is Role.WORKER}
-        ps = [p for p in self._pods_of(objs, view.crs[jid]) if ko.meta(p)["name"] in names]
+        ps = [p for p in self._pods_of(view.crs[jid]) if ko.meta(p)["name"] in names]
         return bool(names) and len(ps) == len(names) and all((p.get("status") or {}).get("phase") == "Succeeded"
                                                              for p in ps)
 
@@ -264,7 +265,7 @@ class K8sTraining:
         for p in objs.pods:  # pods of a TrainingJob that is gone (no garbage collector) or done
             if ko.JOB not in ko.labels(p) or ko.deleting(p):
                 continue
-            owner = self._owner_uid(p)
+            owner = owner_uid(p)
             if owner not in uids or (owner in done and not ko.terminated(p)):
                 self._guard(f"pod {ko.meta(p)['name']}", self._delete, p)
         inference = self._inference_cores(objs)
@@ -280,16 +281,10 @@ class K8sTraining:
             self.counts["api_errors"] += 1
             log.warning("%s: %s (retried next round)", what, e)
 
-    @staticmethod
-    def _owner_uid(pod: dict) -> str | None:
-        return next((r.get("uid") for r in ko.meta(pod).get("ownerReferences") or []
-                     if r.get("kind") == "TrainingJob"), None)
-
-    def _pods_of(self, objs: ClusterObjects, tj: dict) -> list[dict]:
-        """The pods of this TrainingJob incarnation (by owner uid: a job deleted and created again
-        under the same name does not inherit the old one's pods)."""
-        uid = ko.meta(tj).get("uid")
-        return [p for p in objs.pods_of(ko.JOB, ko.meta(tj)["name"]) if self._owner_uid(p) == uid]
+    def _pods_of(self, tj: dict) -> list[dict]:
+        """The pods of this TrainingJob incarnation (:attr:`TrainingView.pods`)."""
+        assert self.view is not None
+        return list(self.view.pods.get(ko.meta(tj).get("uid"), {}).values())
 
     def _inference_cores(self, objs: ClusterObjects) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -309,7 +304,7 @@ class K8sTraining:
         view, objs = self.view, self.objs
         assert view is not None and objs is not None
         j, tj, epoch = view.state.jobs[jid], view.crs[jid], view.epochs[jid]
-        existing = {ko.meta(p)["name"]: p for p in self._pods_of(objs, tj)}
+        existing = {ko.meta(p)["name"]: p for p in self._pods_of(tj)}
         desired = {view.pod_names[c.id]: c for c in j.containers.values()} if j.state is JobState.RUNNING else {}
         for name, p in existing.items():
             if name not in desired and not ko.deleting(p):
