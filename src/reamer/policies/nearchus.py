@@ -153,11 +153,10 @@ def _cores(job: JobView) -> float:
     return sum(c.res.cpu for c in job.containers)
 
 
-def _gpu_room(head: TrainingJob, free: FreeMap) -> np.ndarray:
-    """Per node: it has a worker's GPU share of ``head`` free, and the head's workers may use it."""
-    room = free.free[:, 2] >= head.worker_res.gpu - 1e-9
-    mask = free.allowed(head, Role.WORKER)
-    return room if mask is None else room & mask
+def _gpu_room(free: FreeMap, gpu: float, usable: np.ndarray | None) -> np.ndarray:
+    """Per node: ``gpu`` of a GPU is free there, and it is one of the ``usable`` nodes (None: any)."""
+    room = free.free[:, 2] >= gpu - 1e-9
+    return room if usable is None else room & usable
 
 
 def _request_cores(spec: TrainingJob) -> float:
@@ -216,7 +215,7 @@ class Nearchus:
         # the head waits for a GPU share no node it may use has: CPU-only growth takes nothing it needs
         head = snap.queue[0].spec if waiting else None
         self._cpu_growth_ok = (head is not None and self.cfg.grow_while_gpu_blocked and head.worker_res.gpu > 0
-                               and not _gpu_room(head, free).any())
+                               and not _gpu_room(free, head.worker_res.gpu, free.allowed(head, Role.WORKER)).any())
         if table is not None:  # every job diagnosed at once; the per-job path only for those it may move
             diag = diagnose_table(table, self.cfg.cpu_saturation, self.cfg.net_saturation, self.cfg.net_side_margin)
             moves = self._may_act(table, diag)
@@ -583,10 +582,8 @@ class Nearchus:
         if running is None:
             running = self._sync(snap, None)
         want, usable = self._room_wanted(head, free)
-        if want[2] > 0:
-            room = free.free[:, 2] >= want[2] - 1e-9
-            if not (room if usable is None else room & usable).any():
-                return self._reclaim_gpu(running, free, want, snap.now, usable)
+        if want[2] > 0 and not _gpu_room(free, want[2], usable).any():
+            return self._reclaim_gpu(running, free, want, snap.now, usable)
         # what increments could give back, per node
         back: dict[str, list[tuple[float, str, _Change]]] = {}
         gives = {}  # node -> resources the increments there would give back
