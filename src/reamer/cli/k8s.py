@@ -238,6 +238,9 @@ def agent(node: Annotated[str, typer.Option(help="this node's name (the DaemonSe
           kubeconfig: Kubeconfig = None, interval: Interval = 5.0,
           cgroup_root: Annotated[Path, typer.Option(help="the node's cgroup mount")] = Path("/sys/fs/cgroup"),
           proc_root: Annotated[Path, typer.Option(help="the node's /proc")] = Path("/proc"),
+          kubelet_cgroup_root: Annotated[str, typer.Option(
+              help="the kubelet's --cgroup-root (cgroupRoot), the cgroup its kubepods tree is under; auto: / or "
+                   "a top-level cgroup holding one (kind's /kubelet)")] = "auto",
           system_reserved: Annotated[float, typer.Option(min=0.0, help="cores kept for the system")] = 1.0,
           metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
           rounds: Rounds = None) -> None:
@@ -248,7 +251,9 @@ def agent(node: Annotated[str, typer.Option(help="this node's name (the DaemonSe
 
     try:
         kube = _connect(kubeconfig)
-        ag = Agent(kube, node, cgroup_root=cgroup_root, proc_root=proc_root, system_reserved=system_reserved)
+        ag = Agent(kube, node, cgroup_root=cgroup_root, proc_root=proc_root,
+                   kubelet_cgroup_root=None if kubelet_cgroup_root == "auto" else kubelet_cgroup_root,
+                   system_reserved=system_reserved)
     except InputError as e:
         _fail(e)
     except CgroupError as e:

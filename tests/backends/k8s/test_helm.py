@@ -98,8 +98,9 @@ def test_the_charts_crds_and_dashboard_are_the_packages():
     ({"controller": {"resources": {"requests": {"cpu": "lots"}}}}, "cpu"),
     ({"controler": {"enabled": False}}, "controler"),
     ({"logLevel": "verbose"}, "logLevel"),
+    ({"agent": {"kubeletCgroupRoot": "kubelet"}}, "kubeletCgroupRoot"),
 ], ids=["pull-policy", "training-policy", "harvest-policy", "interval", "port", "quantity", "unknown-key",
-        "log-level"])
+        "log-level", "cgroup-root"])
 def test_the_values_schema_refuses_a_wrong_value_and_names_it(values, field):
     chart = helm.Chart.load(CHART)
     with pytest.raises(helm.HelmError, match=field):
@@ -136,6 +137,11 @@ def test_options_reach_the_components_args():
     assert a[a.index("--dashboard-port") + 1] == "8081" and a[a.index("--log-level") + 1] == "debug"
     assert {p["name"] for p in c["ports"]} == {"metrics", "dashboard"}
     assert {s["namespace"] for s in docs["ClusterRoleBinding//reamer-agent"]["subjects"]} == {"ml"}
+    assert "--kubelet-cgroup-root" not in docs["DaemonSet/ml/reamer-agent"]["spec"]["template"]["spec"]["containers"][0][
+        "args"]  # auto: the agent's default
+    docs = {key(d): d for d in render({"agent": {"kubeletCgroupRoot": "/kubelet"}})}
+    a = docs["DaemonSet/reamer/reamer-agent"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert a[a.index("--kubelet-cgroup-root") + 1] == "/kubelet"
 
 
 @needs_kubectl

@@ -28,6 +28,8 @@ from reamer.backends.k8s.agent import (
     Agent,
     container_cgroups,
     cpu_hierarchy,
+    kubelet_root,
+    kubelet_roots,
     net_bytes,
     pod_cgroup,
     scrape,
@@ -102,6 +104,41 @@ def test_pod_cgroup_wrong_hint_still_found_and_unknown_uid_is_none(tmp_path, dri
     top.joinpath(*_layout(driver, "Burstable", OTHER)).parent.mkdir(parents=True, exist_ok=True)
     top.joinpath(*_layout(driver, "Burstable", OTHER)).write_text("")
     assert pod_cgroup(top, OTHER, "Burstable") is None
+
+
+# A kubelet with ``--cgroup-root /kubelet`` (kind's) nests the tree: cgroupfs
+# ``kubelet/kubepods/...``; systemd ``kubelet.slice/kubelet-kubepods.slice/...`` (kubelet's
+# CgroupName.ToSystemd: each slice named after every component down to it).
+def _rooted(driver: str, qos: str, uid: str) -> tuple[str, ...]:
+    parts = _layout(driver, qos, uid)
+    if driver == "cgroupfs":
+        return ("kubelet", *parts)
+    return ("kubelet.slice", *(f"kubelet-{p}" for p in parts))
+
+
+@pytest.mark.parametrize("driver", ["systemd", "cgroupfs"])
+@pytest.mark.parametrize("qos", QOS)
+def test_pod_cgroup_below_a_kubelet_cgroup_root(tmp_path, driver, qos):
+    top = _fake_top(tmp_path, 2)
+    want = top.joinpath(*_rooted(driver, qos, UID))
+    want.mkdir(parents=True)
+    assert _rooted("systemd", "Burstable", UID)[-1] == f"kubelet-kubepods-burstable-pod{UID.replace('-', '_')}.slice"
+    assert pod_cgroup(top, UID, qos) is None  # not below the default root
+    assert pod_cgroup(top, UID, None, kubelet_root("/kubelet")) == want
+    assert pod_cgroup(top, UID, qos, kubelet_root("kubelet/")) == want
+    assert kubelet_roots(top) == [(), ("kubelet",)]
+
+
+def test_kubelet_roots_finds_top_level_kubepods_trees_only(tmp_path):
+    top = _fake_top(tmp_path, 2)
+    assert kubelet_roots(top) == [()]
+    for d in ("kubepods.slice", "kubepods/burstable", "system.slice/kubepods", "user.slice/user-kubepods.slice",
+              "a/kubepods", "my_pool.slice/my_pool-kubepods.slice", "b.slice/c-kubepods.slice"):
+        top.joinpath(*d.split("/")).mkdir(parents=True)
+    (top / "f").write_text("")
+    # the default tree itself is no other root; a slice holds one only under its own prefix (not b.slice's c-)
+    assert kubelet_roots(top) == [(), ("a",), ("my-pool",), ("system.slice",), ("user",)]
+    assert kubelet_roots(tmp_path / "missing") == [()]
 
 
 # ----------------------------------------------------------------------------- container_cgroups
@@ -294,6 +331,37 @@ def test_measure_separate_cpu_and_cpuacct_mounts(tmp_path):
     assert e["cpuUsed"] == pytest.approx(0.5)
     assert e["throttledRatio"] == pytest.approx(0.75)
     assert status["systemUsed"] == pytest.approx(1.0)  # 1.5 - the pod's 0.5
+
+
+@pytest.mark.parametrize("given", [None, "/kubelet", "/"])
+def test_measure_a_pod_below_kinds_kubelet_cgroup_root(tmp_path, caplog, given):
+    """kind's kubelets (``cgroupRoot: /kubelet``, systemd driver, cgroup v2) put pods below
+    ``kubelet.slice``: found by default (also when the tree appears after the agent started) and
+    with the root given; with a wrong root given, the running pod's CPU is not measured and that is
+    said once (a fake tree of files, a controllable clock)."""
+    top = _fake_top(tmp_path, 2)
+    (top / "cpu.stat").write_text("usage_usec 0\n")
+    t = [100.0]
+    agent = Agent(FakeKube([_pod(UID)]), "n1", cgroup_root=top, clock=lambda: t[0], kubelet_cgroup_root=given)
+    d = top.joinpath(*_rooted("systemd", "Burstable", UID))
+    d.mkdir(parents=True)  # the kubelet made it after the agent looked
+
+    def write(usage_s: float) -> None:
+        (d / "cpu.stat").write_text(f"usage_usec {int(usage_s * 1e6)}\nnr_periods 10\nnr_throttled 0\n"
+                                    "throttled_usec 0\n")
+
+    write(0.0)
+    with caplog.at_level("WARNING", logger="reamer.backends.k8s.agent"):
+        agent.measure()
+        for usage in (1.0, 2.0):
+            t[0] += 2.0
+            write(usage)
+            (e,) = agent.measure()["pods"]
+    said = [r for r in caplog.records if "no cgroup" in r.getMessage()]
+    if given == "/":
+        assert "cpuUsed" not in e and len(said) == 1 and "--kubelet-cgroup-root" in said[0].getMessage()
+    else:
+        assert e["cpuUsed"] == pytest.approx(0.5) and not said
 
 
 def test_a_pod_whose_metrics_port_is_not_http_costs_only_its_own_metrics(tmp_path):

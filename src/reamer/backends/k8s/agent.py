@@ -57,21 +57,48 @@ def usage_hierarchy(root: Path, top: Path, version: int) -> Path:
     return root / "cpuacct"
 
 
-def pod_cgroup(top: Path, uid: str, qos: str | None = None) -> Path | None:
+def kubelet_root(root: str) -> tuple[str, ...]:
+    """The components of a kubelet's ``--cgroup-root`` (cgroupfs form, ``/`` its default): the
+    cgroup its ``kubepods`` tree is under."""
+    return tuple(p for p in root.split("/") if p)
+
+
+def kubelet_roots(top: Path) -> list[tuple[str, ...]]:
+    """The kubelet cgroup roots found under ``top``: the default (``/``), then every top-level
+    cgroup with a kubepods tree below it, in either driver's form (kind's ``/kubelet``:
+    ``kubelet/kubepods`` or ``kubelet.slice/kubelet-kubepods.slice``)."""
+    out: list[tuple[str, ...]] = [()]
+    try:
+        children = sorted(c for c in top.iterdir() if c.is_dir())
+    except OSError:
+        return out
+    for c in children:
+        if (c / "kubepods").is_dir():
+            out.append((c.name,))
+        elif c.name.endswith(".slice") and (c / f"{c.name[:-6]}-kubepods.slice").is_dir():
+            out.append((c.name[:-6].replace("_", "-"),))
+    return out
+
+
+def _systemd(name: tuple[str, ...]) -> tuple[str, ...]:
+    """The kubelet's systemd form of a cgroup name: each component a slice named after every
+    component down to it, ``-`` in a component written ``_``."""
+    esc = [p.replace("-", "_") for p in name]
+    return tuple("-".join(esc[:i + 1]) + ".slice" for i in range(len(esc)))
+
+
+def pod_cgroup(top: Path, uid: str, qos: str | None = None, root: tuple[str, ...] = ()) -> Path | None:
     """The pod's cgroup directory under ``top`` (the CPU hierarchy), whatever the driver:
     cgroupfs ``kubepods[/burstable|/besteffort]/pod<uid>`` or systemd
-    ``kubepods.slice[/kubepods-burstable.slice]/kubepods[-burstable]-pod<uid_>.slice``."""
+    ``kubepods.slice[/kubepods-burstable.slice]/kubepods[-burstable]-pod<uid_>.slice``, below the
+    kubelet's cgroup root (:func:`kubelet_root`; ``("kubelet",)`` gives kind's
+    ``kubelet.slice/kubelet-kubepods.slice/...``)."""
     classes = [qos] if qos in QOS_DIRS else []
     classes += [q for q in QOS_DIRS if q not in classes]
-    u = uid.replace("-", "_")
     for q in classes:
         sub = QOS_DIRS[q]
-        cands = [top / "kubepods" / sub / f"pod{uid}" if sub else top / "kubepods" / f"pod{uid}"]
-        if sub:
-            cands.append(top / "kubepods.slice" / f"kubepods-{sub}.slice" / f"kubepods-{sub}-pod{u}.slice")
-        else:
-            cands.append(top / "kubepods.slice" / f"kubepods-pod{u}.slice")
-        for c in cands:
+        name = (*root, "kubepods", *((sub,) if sub else ()), f"pod{uid}")
+        for c in (top.joinpath(*name), top.joinpath(*_systemd(name))):
             if c.is_dir():
                 return c
     return None
@@ -183,12 +210,14 @@ class Agent:
     """Measures the pods of ``node`` every round and publishes its NodeSlack.
 
     ``cgroup_root`` / ``proc_root`` are where the node's cgroup tree and ``/proc`` are mounted
-    (the DaemonSet mounts the host's); ``system_reserved`` cores are kept for the system;
+    (the DaemonSet mounts the host's); ``kubelet_cgroup_root`` is the kubelet's ``--cgroup-root``
+    (``cgroupRoot``; None: found, :func:`kubelet_roots`); ``system_reserved`` cores are kept for the system;
     ``scrape_host`` overrides the pods' IP (tests); ``scrape_workers`` bounds the metrics
     endpoints scraped at once."""
 
     def __init__(self, kube: Kube, node: str, *, cgroup_root: Path = Path("/sys/fs/cgroup"),
-                 proc_root: Path = Path("/proc"), system_reserved: float = 1.0, nic_gbps: float | None = None,
+                 proc_root: Path = Path("/proc"), kubelet_cgroup_root: str | None = None,
+                 system_reserved: float = 1.0, nic_gbps: float | None = None,
                  clock: Callable[[], float] = time.time, scrape_host: str | None = None,
                  scrape_workers: int = 16) -> None:
         self.kube, self.node = kube, node
@@ -196,6 +225,10 @@ class Agent:
         self.version = detect_version(cgroup_root)
         self.top = cpu_hierarchy(cgroup_root, self.version)
         self.usage_top = usage_hierarchy(cgroup_root, self.top, self.version)
+        self.fixed_root = kubelet_cgroup_root is not None
+        self.roots = [kubelet_root(kubelet_cgroup_root)] if kubelet_cgroup_root is not None else kubelet_roots(self.top)
+        self._looked = False  # the roots were looked for again this round
+        self._unseen: set[str] = set()  # running pods whose cgroup was not found (said once each)
         self.system_reserved, self.nic_gbps, self.clock, self.scrape_host = system_reserved, nic_gbps, clock, scrape_host
         self.scrape_workers = scrape_workers
         self._prev: dict[str, _Prev] = {}
@@ -215,6 +248,7 @@ class Agent:
         limits = 0.0
         live = [p for p in items if not ko.terminated(p)]
         scraped = self._scrape_all(live)
+        self._looked = False
         for p in live:
             m = ko.meta(p)
             uid = m["uid"]
@@ -228,6 +262,7 @@ class Agent:
             e["netCapacityGbps"] = nic
         for uid in set(self._prev) - seen:
             del self._prev[uid]
+        self._unseen &= seen
         self._last = now
         system = self._system_used(window, sum(used.values()))  # outside every pod
         return {"reportedAt": now, "windowSeconds": window, "cores": cores, "systemReserved": self.system_reserved,
@@ -264,7 +299,14 @@ class Agent:
         m = ko.meta(p)
         uid = m["uid"]
         e: dict = {"namespace": m["namespace"], "name": m["name"], "uid": uid, "cpuLimit": ko.pod_cpu_limit(p)}
-        d = pod_cgroup(self.top, uid, (p.get("status") or {}).get("qosClass"))
+        status = p.get("status") or {}
+        running = status.get("phase") == "Running"
+        d = self._pod_cgroup(uid, status.get("qosClass"), running)
+        if d is None and running and uid not in self._unseen:
+            self._unseen.add(uid)
+            log.warning("pod %s/%s is running but has no cgroup under %s below the kubelet cgroup root(s) %s: its "
+                        "CPU is not measured (set --kubelet-cgroup-root to the kubelet's --cgroup-root)",
+                        m["namespace"], m["name"], self.top, ", ".join("/" + "/".join(r) for r in self.roots))
         prev = self._prev.get(uid)
         cpu = net = None
         cpu_used = 0.0
@@ -292,6 +334,20 @@ class Agent:
             e["metrics"] = summarize(metrics, prev.metrics if prev else None, dt)
         self._prev[uid] = _Prev(now, cpu, net, metrics)
         return e, cpu_used
+
+    def _pod_cgroup(self, uid: str, qos: str | None, running: bool) -> Path | None:
+        """The pod's cgroup below any of the kubelet roots; for a running pod not found, the roots
+        are looked for again (once a round) unless they were given."""
+        for root in self.roots:
+            if (d := pod_cgroup(self.top, uid, qos, root)) is not None:
+                return d
+        if running and not self.fixed_root and not self._looked:
+            self._looked = True
+            roots = kubelet_roots(self.top)
+            if roots != self.roots:
+                self.roots = roots
+                return self._pod_cgroup(uid, qos, running)
+        return None
 
     def _system_used(self, window: float, pods_used: float) -> float:
         """Cores used outside the pods: the whole machine's use (root cgroup) less the pods'."""
