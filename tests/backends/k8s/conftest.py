@@ -87,11 +87,20 @@ def kube(devcluster) -> Kube:
     return Kube.connect(str(devcluster.kubeconfig()))
 
 
+def clear_bound_pods(kube: Kube) -> None:
+    """Remove every pod bound to a node, in every namespace: the components count other
+    namespaces' pods on their nodes, and an earlier test's nodes had the same names."""
+    for p in kube.list(pods(None))[0]:
+        if (p.get("spec") or {}).get("nodeName"):
+            kube.delete(pods(ko.meta(p)["namespace"], ko.meta(p)["name"]), grace_s=0)
+
+
 @pytest.fixture
 def ns(kube) -> str:
-    """A fresh namespace, and no nodes or NodeSlacks left from an earlier test."""
+    """A fresh namespace, and no nodes, NodeSlacks or bound pods left from an earlier test."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    clear_bound_pods(kube)
     for n in kube.list(nodes())[0]:
         kube.delete(nodes(ko.meta(n)["name"]))
     for s in kube.list(custom("nodeslacks"))[0]:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 # imported here, not in the tests: the name "conftest" is rebound as pytest collects other folders
-from conftest import Controller, Kubelet, Scheduler, make_node, publish_slack
+from conftest import Controller, Kubelet, Scheduler, clear_bound_pods, make_node, publish_slack
 
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
@@ -41,14 +41,16 @@ R = "reamer.io"
 # from every request in src/reamer/backends/k8s (kube.py's list / watch / get / create /
 # replace / merge_patch / delete / bind / evict / resize) and checked below against what the
 # components really send. Scope "ns": the install's namespace; "cluster": a cluster-scoped
-# resource; "all": a namespaced resource in every namespace.
-NEEDS: dict[str, dict[tuple[str, str], tuple[str, tuple[str, ...]]]] = {
+# resource; "all": a namespaced resource in every namespace. A resource needed in two scopes
+# has a list of (scope, verbs).
+Need = tuple[str, tuple[str, ...]]
+NEEDS: dict[str, dict[tuple[str, str], Need | list[Need]]] = {
     "controller": {
         ("", "nodes"): ("cluster", ("list", "watch")),
         (R, "nodeslacks"): ("cluster", ("list", "watch")),
         (R, "trainingjobs"): ("ns", ("list", "watch")),
         (R, "trainingjobs/status"): ("ns", ("update", "patch")),
-        ("", "pods"): ("ns", ("list", "watch", "create", "delete")),
+        ("", "pods"): [("all", ("list", "watch")), ("ns", ("create", "delete"))],
         ("", "pods/resize"): ("ns", ("patch",)),
         ("", "services"): ("ns", ("get", "create")),
     },
@@ -58,7 +60,7 @@ NEEDS: dict[str, dict[tuple[str, str], tuple[str, tuple[str, ...]]]] = {
         (R, "trainingjobs"): ("ns", ("list", "watch")),
         (R, "inferenceservices"): ("ns", ("list", "watch")),
         (R, "inferenceservices/status"): ("ns", ("patch",)),
-        ("", "pods"): ("ns", ("list", "watch", "get", "create", "patch", "delete")),
+        ("", "pods"): [("all", ("list", "watch")), ("ns", ("get", "create", "patch", "delete"))],
         ("", "pods/binding"): ("ns", ("create",)),
         ("", "pods/eviction"): ("ns", ("create",)),
         ("", "pods/resize"): ("ns", ("patch",)),
@@ -104,13 +106,16 @@ FORBIDDEN: list[tuple[str, str, str, str]] = [
 ]
 
 
+def entries(component: str) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(group, resource, scope, verbs) of every need of the component."""
+    return [(g, r, scope, verbs) for (g, r), e in NEEDS[component].items()
+            for scope, verbs in (e if isinstance(e, list) else [e])]
+
+
 def needed(component: str) -> set[tuple[str, str, str, str]]:
     """(verb, group, resource, namespace) the component must be allowed."""
-    out = set()
-    for (group, res), (scope, verbs) in NEEDS[component].items():
-        for v in verbs:
-            out.add((v, group, res, NS if scope == "ns" else ""))
-    return out
+    return {(v, group, res, NS if scope == "ns" else "") for group, res, scope, verbs in entries(component)
+            for v in verbs}
 
 
 def checks() -> list[tuple[str, str, str, str]]:
@@ -128,10 +133,8 @@ def checks() -> list[tuple[str, str, str, str]]:
 
 def allowed_expected(component: str, check: tuple[str, str, str, str]) -> bool:
     v, g, r, ns = check
-    for (group, res), (scope, verbs) in NEEDS[component].items():
-        if (group, res) == (g, r) and v in verbs:
-            return scope in ("cluster", "all") or ns == NS
-    return False
+    return any((group, res) == (g, r) and v in verbs and (scope in ("cluster", "all") or ns == NS)
+               for group, res, scope, verbs in entries(component))
 
 
 def rbac_table() -> str:
@@ -142,8 +145,8 @@ def rbac_table() -> str:
     for g, r in rows:
         cells = []
         for c in COMPONENTS:
-            e = NEEDS[c].get((g, r))
-            cells.append(f"{', '.join(e[1])} ({scope[e[0]]})" if e else "")
+            cells.append("; ".join(f"{', '.join(verbs)} ({scope[sc]})" for gg, rr, sc, verbs in entries(c)
+                                   if (gg, rr) == (g, r)))
         out.append(f"| {g or 'core'} | {r} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -544,6 +547,7 @@ def _reset(kube) -> None:
             kube.delete(custom(plural, NS, ko.meta(o)["name"]))
     for p in kube.list(pods(NS))[0]:
         kube.delete(pods(NS, ko.meta(p)["name"]), grace_s=0)
+    clear_bound_pods(kube)
     for s in kube.list(services(NS))[0]:
         if not ko.meta(s)["name"].startswith("reamer-"):
             kube.delete(services(NS, ko.meta(s)["name"]))

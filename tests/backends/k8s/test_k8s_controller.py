@@ -50,6 +50,39 @@ def test_trainingjob_gets_pods_of_requested_shape(kube, ns, controller):
     assert len(job_pods(kube, ns, "cifar")) == 3
 
 
+def test_pods_of_other_namespaces_hold_what_they_request(kube, ns, controller):
+    """Another team's pod (and another Reamer install's, labelled like Reamer's own) on a node
+    holds its requests there, as kube-scheduler counts them (init containers, overhead): the
+    gang goes where the rest fits, and a job that fits nowhere waits."""
+    other = f"{ns}-other"
+    kube.create("/api/v1/namespaces", {"metadata": {"name": other}})
+    make_node(kube, "node-a", 16)
+    make_node(kube, "node-b", 16)
+
+    def bound(name, node, cpu, init_cpu=None, labels=None):
+        spec = {"nodeName": node, "containers": [{"name": "c", "image": "x",
+                                                  "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}
+        if init_cpu:
+            spec["initContainers"] = [{"name": "i", "image": "x", "resources": {"requests": {"cpu": init_cpu}}}]
+        kube.create(pods(other), {"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
+
+    bound("theirs", "node-a", "2", init_cpu="12")  # holds 12 cores: its init container's
+    bound("another-install", "node-b", "10", labels={"reamer.io/job": "cifar"})
+    kube.create(custom("trainingjobs", ns), training_job("cifar", ps=1, workers=2, cpu="3"))
+    c = controller()
+    c.round()
+    where = sorted(p["spec"]["nodeName"] for p in job_pods(kube, ns, "cifar"))
+    assert where == ["node-a", "node-b", "node-b"]  # 4 cores free on node-a, 6 on node-b: the one way 3 × 3 fit
+    kube.create(custom("trainingjobs", ns), training_job("big", ps=1, workers=1, cpu="5"))
+    c.round()
+    assert job_pods(kube, ns, "big") == []
+    assert kube.get(custom("trainingjobs", ns, "big"))["status"]["phase"] == "Queued"
+    kube.delete(pods(other, "theirs"), grace_s=0)
+    c.inf.sync()
+    c.round()
+    assert sorted(p["spec"]["nodeName"] for p in job_pods(kube, ns, "big")) == ["node-a", "node-a"]
+
+
 def _report(kube, ns, node, job, t, *, ps_net, worker_net, samples, rate, cpu_used=1.0):
     entries = []
     for p in job_pods(kube, ns, job):

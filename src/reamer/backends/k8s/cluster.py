@@ -28,21 +28,29 @@ class ClusterObjects:
     """One consistent-enough read of the cluster (each kind as its reflector last saw it)."""
 
     nodes: list[Obj]
-    pods: list[Obj]
+    pods: list[Obj]  # the component's namespace's
     jobs: list[Obj]
     services: list[Obj]
     slacks: dict[str, Obj]  # node name -> NodeSlack
+    others: list[Obj] = field(default_factory=list)  # other namespaces' pods on a node (ko.slim_pod)
 
 
 class Informers:
     """List + watch of every kind a component reads, in ``namespace`` (nodes and NodeSlacks
-    are cluster-scoped)."""
+    are cluster-scoped). Pods are watched in every namespace: other namespaces' pods hold
+    their requests on the nodes Reamer places on (kept slim, :func:`ko.slim_pod`)."""
 
     def __init__(self, kube: Kube, namespace: str, *, resync_s: float = 30.0, watch_s: int = 30,
                  kinds: tuple[str, ...] = ("nodes", "pods", "jobs", "services", "slacks")) -> None:
-        paths = {"nodes": nodes(), "pods": pods(namespace), "jobs": custom("trainingjobs", namespace),
+        self.namespace = namespace
+        paths = {"nodes": nodes(), "pods": pods(None), "jobs": custom("trainingjobs", namespace),
                  "services": custom("inferenceservices", namespace), "slacks": custom("nodeslacks")}
-        self.reflectors = {k: Reflector(kube, paths[k], resync_s=resync_s, watch_s=watch_s) for k in kinds}
+
+        def slim(o: Obj) -> Obj:
+            return o if ko.meta(o).get("namespace") == namespace else ko.slim_pod(o)
+
+        self.reflectors = {k: Reflector(kube, paths[k], resync_s=resync_s, watch_s=watch_s,
+                                        transform=slim if k == "pods" else None) for k in kinds}
 
     def start(self, timeout_s: float = 30.0) -> Informers:
         for r in self.reflectors.values():
@@ -64,8 +72,14 @@ class Informers:
     def objects(self) -> ClusterObjects:
         """What the caches hold now (a kind not watched is empty)."""
         get = {k: r.items() for k, r in self.reflectors.items()}
-        return ClusterObjects(get.get("nodes", []), get.get("pods", []), get.get("jobs", []), get.get("services", []),
-                              {ko.meta(s)["name"]: s for s in get.get("slacks", [])})
+        mine, others = [], []
+        for p in get.get("pods", []):
+            if ko.meta(p).get("namespace") == self.namespace:
+                mine.append(p)
+            elif (p.get("spec") or {}).get("nodeName") and not ko.terminated(p):
+                others.append(p)
+        return ClusterObjects(get.get("nodes", []), mine, get.get("jobs", []), get.get("services", []),
+                              {ko.meta(s)["name"]: s for s in get.get("slacks", [])}, others)
 
     def put(self, kind: str, obj: Obj) -> None:
         self.reflectors[kind].put(obj)
@@ -87,10 +101,12 @@ class TrainingView:
 
 
 def _nodes(objs: ClusterObjects, foreign_jobs: set[str], cordoned_use: dict[str, Resources]) -> list[Node]:
-    """Every Node less what pods Reamer does not run (and pods of jobs it cannot run) request
-    there; a cordoned node keeps only what its recorded training containers hold, so nothing
-    new is placed on it."""
+    """Every Node less what pods Reamer does not run (other namespaces' included, and pods of jobs
+    it cannot run) request there; a cordoned node keeps only what its recorded training
+    containers hold, so nothing new is placed on it."""
     foreign: dict[str, list[Obj]] = {}
+    for p in objs.others:
+        foreign.setdefault(p["spec"]["nodeName"], []).append(p)
     for p in objs.pods:
         node = (p.get("spec") or {}).get("nodeName")
         lb = ko.labels(p)

@@ -48,8 +48,9 @@ def no_answer(err: urllib3.exceptions.HTTPError, where: str) -> ApiError:
     return ApiError(0, "NoAnswer", f"{what} the API server at {server} ({why})".replace("\n", " "))
 
 
-def pods(ns: str, name: str | None = None, sub: str | None = None) -> str:
-    return _path(f"/api/v1/namespaces/{ns}/pods", name, sub)
+def pods(ns: str | None, name: str | None = None, sub: str | None = None) -> str:
+    """Pods of namespace ``ns`` (None: of every namespace, for a list or a watch)."""
+    return _path("/api/v1/pods" if ns is None else f"/api/v1/namespaces/{ns}/pods", name, sub)
 
 
 def services(ns: str, name: str | None = None) -> str:
@@ -258,8 +259,10 @@ class Reflector:
 
     def __init__(self, kube: Kube, path: str, *, label_selector: str | None = None, resync_s: float = 30.0,
                  watch_s: int = 30, backoff_s: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 transform: Callable[[Obj], Obj] | None = None) -> None:
         self.kube, self.path, self.selector = kube, path, label_selector
+        self.transform = transform or (lambda o: o)  # what is kept of each object (client-go's TransformFunc)
         self.resync_s, self.watch_s, self.backoff_s = resync_s, watch_s, backoff_s
         self.clock = clock
         self.store = Store({})
@@ -279,6 +282,7 @@ class Reflector:
 
     def put(self, obj: Obj) -> None:
         """Record our own write's answer at once (the watch event that follows agrees)."""
+        obj = self.transform(obj)
         with self._lock:
             if newer(obj, self.store.objects.get(key(obj))):
                 self.store.objects[key(obj)] = obj
@@ -286,7 +290,7 @@ class Reflector:
     def relist(self) -> None:
         items, rv = self.kube.list(self.path, label_selector=self.selector)
         with self._lock:
-            self.store = Store({key(o): o for o in items}, rv)
+            self.store = Store({key(o): self.transform(o) for o in items}, rv)
         self.relists += 1
         self.synced.set()
 
@@ -333,6 +337,6 @@ class Reflector:
                 if typ == "DELETED":
                     self.store.objects.pop(key(obj), None)
                 elif newer(obj, self.store.objects.get(key(obj))):
-                    self.store.objects[key(obj)] = obj
+                    self.store.objects[key(obj)] = self.transform(obj)
             if rv:
                 self.store.resource_version = rv

@@ -100,15 +100,42 @@ def terminated(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
+def _container_requests(c: Obj) -> Resources:
+    r = (c.get("resources") or {})
+    req = {**(r.get("limits") or {}), **(r.get("requests") or {})}  # requests default to limits
+    return Resources(quantity(req.get("cpu", 0), "pod cpu request"),
+                     quantity(req.get("memory", 0), "pod memory request") / 2**20,
+                     quantity(req.get("nvidia.com/gpu", 0), "pod gpu request"))
+
+
 def pod_requests(pod: Obj) -> Resources:
-    cpu = mem = gpu = 0.0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        r = (c.get("resources") or {})
-        req = {**(r.get("limits") or {}), **(r.get("requests") or {})}  # requests default to limits
-        cpu += quantity(req.get("cpu", 0), "pod cpu request")
-        mem += quantity(req.get("memory", 0), "pod memory request") / 2**20
-        gpu += quantity(req.get("nvidia.com/gpu", 0), "pod gpu request")
-    return Resources(cpu, mem, gpu)
+    """What a pod holds on its node, as kube-scheduler counts it: the sum of its containers'
+    requests or the largest init container's (per resource, whichever is larger), plus its
+    ``overhead``."""
+    spec = pod.get("spec") or {}
+    total = sum((_container_requests(c) for c in spec.get("containers") or []), Resources())
+    for c in spec.get("initContainers") or []:
+        r = _container_requests(c)
+        total = Resources(max(total.cpu, r.cpu), max(total.mem_mib, r.mem_mib), max(total.gpu, r.gpu))
+    over = spec.get("overhead") or {}
+    return total + Resources(quantity(over.get("cpu", 0), "pod cpu overhead"),
+                             quantity(over.get("memory", 0), "pod memory overhead") / 2**20, 0.0)
+
+
+def slim_pod(pod: Obj) -> Obj:
+    """What Reamer keeps of a pod it does not run: where it is, what it requests there
+    (:func:`pod_requests`) and whether it still holds it — a cache of every namespace's pods
+    stays small."""
+    m, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    keep = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+
+    def res(cs):
+        return [{"resources": c.get("resources") or {}} for c in cs or []]
+
+    return {"metadata": {k: m[k] for k in keep if k in m},
+            "spec": {"nodeName": spec.get("nodeName"), "containers": res(spec.get("containers")),
+                     "initContainers": res(spec.get("initContainers")), "overhead": spec.get("overhead") or {}},
+            "status": {"phase": (pod.get("status") or {}).get("phase")}}
 
 
 def node_of(obj: Obj, foreign_pods: Iterable[Obj] = ()) -> Node:
