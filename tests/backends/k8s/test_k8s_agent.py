@@ -221,18 +221,28 @@ def test_summarize_counter_histogram_gauge_from_real_scrapes(endpoint):
     out = summarize(now, before, 2.0)
     assert out["reamer_requests_total"] == 40
     assert out["reamer_requests_total:rate"] == pytest.approx(15.0)
-    assert out["reamer_latency_seconds:p99"] == 0.5  # the window's bucket, not the cumulative 1.0
+    # the window's bucket, not the cumulative 1.0; within it linear, as Prometheus' histogram_quantile:
+    # 0.1 + (0.5 - 0.1) × 49.5 / 50
+    assert out["reamer_latency_seconds:p99"] == pytest.approx(0.496)
     assert out["reamer_queue_depth"] == 7
     assert summarize(now, None, 2.0).get("reamer_latency_seconds:p99") is None
     assert "reamer_requests_total:rate" not in summarize(now, before, 0.0)
 
-    # p99 is the first edge holding ≥ 99% of the window: 99 fast + 1 slow → the fast bucket
+    # p99 is in the first bucket holding ≥ 99% of the window: 99 fast + 1 slow → the fast bucket's edge
     before = now
     for _ in range(99):
         lat.observe(0.05)
     lat.observe(0.9)
     srv.body = generate_latest(reg).decode()
-    assert summarize(scrape(url), before, 1.0)["reamer_latency_seconds:p99"] == 0.1
+    assert summarize(scrape(url), before, 1.0)["reamer_latency_seconds:p99"] == pytest.approx(0.1)
+
+    # half fast, half slow: rank 99 of 100 falls in (0.1, 0.5] above the 50 below it → 0.1 + 0.4 × 49 / 50
+    before = scrape(url)
+    for x in (0.005, 0.3):
+        for _ in range(50):
+            lat.observe(x)
+    srv.body = generate_latest(reg).decode()
+    assert summarize(scrape(url), before, 1.0)["reamer_latency_seconds:p99"] == pytest.approx(0.492)
 
 
 def test_summarize_inference_server_format(endpoint):
@@ -252,7 +262,7 @@ def test_summarize_inference_server_format(endpoint):
     out = summarize(scrape(url), before, 5.0)
     assert out["reamer_infer_requests_total"] == 13
     assert out["reamer_infer_requests_total:rate"] == pytest.approx(2.0)
-    assert out["reamer_infer_request_latency_seconds:p99"] == 0.025
+    assert out["reamer_infer_request_latency_seconds:p99"] == pytest.approx(0.01 + 0.015 * 0.99)
     assert "reamer_infer_run_seconds:p99" not in out  # nothing observed in the window
     assert out["reamer_infer_threads"] == 2 and out["reamer_infer_max_wait_seconds"] == 0.005
 

@@ -163,7 +163,8 @@ def scrape(url: str, timeout_s: float = 2.0) -> dict[str, dict]:
 
 def summarize(now: dict[str, dict], before: dict[str, dict] | None, window_s: float) -> dict[str, float]:
     """The published metrics: counters as value and ``:rate``, histograms as ``:p99`` over the
-    window (from bucket deltas), gauges as value."""
+    window (from bucket deltas, interpolated within its bucket as Prometheus'
+    ``histogram_quantile`` does), gauges as value."""
     out: dict[str, float] = {}
     for name, fam in now.items():
         samples = fam["samples"]
@@ -184,15 +185,19 @@ def summarize(now: dict[str, dict], before: dict[str, dict] | None, window_s: fl
             edges = sorted(b1, key=lambda le: math.inf if le == "+Inf" else float(le))
             total = b1.get("+Inf", 0.0) - b0.get("+Inf", 0.0)
             if total > 0:
+                rank, lower, below = 0.99 * total, 0.0, 0.0  # Prometheus' histogram_quantile(0.99, ...)
                 finite = [float(le) for le in edges if le != "+Inf"]
                 for le in edges:
-                    if b1[le] - b0.get(le, 0.0) >= 0.99 * total:
+                    count = b1[le] - b0.get(le, 0.0)
+                    if count >= rank:
                         if le == "+Inf":  # beyond the last bucket: at least its edge (so a miss shows)
                             out[name + ":p99"] = max(finite, default=math.inf)
                             out[name + ":p99_beyond_buckets"] = 1.0
-                        else:
-                            out[name + ":p99"] = float(le)
+                        else:  # linear within the bucket, as histogram_quantile
+                            upper = float(le)
+                            out[name + ":p99"] = lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
                         break
+                    lower, below = float(le), count
         elif samples:
             out[name] = float(samples[0][2])
     return {k: v for k, v in out.items() if math.isfinite(v)}
