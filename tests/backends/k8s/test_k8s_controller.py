@@ -175,12 +175,15 @@ def test_semantically_invalid_jobs_get_a_condition_and_the_controller_keeps_runn
     unknown = training_job("unknown")
     unknown["spec"]["model"] = "alexnet-9000"
     dotted = training_job("bert.v2")  # a valid custom-resource name, but no Service name
-    for tj in (minmax, unknown, dotted, training_job("fine")):
+    half = training_job("half")
+    half["spec"]["worker"]["resources"]["nvidia.com/gpu"] = 0.5  # a pod would ask (and hold) a whole one
+    for tj in (minmax, unknown, dotted, half, training_job("fine")):
         kube.create(custom("trainingjobs", ns), tj)
     c = controller()
     c.round()
     for name, reason, field in (("minmax", "MinAboveMax", "spec.ps"), ("unknown", "UnknownModel", "spec.model"),
-                                ("bert.v2", "InvalidName", "metadata.name")):
+                                ("bert.v2", "InvalidName", "metadata.name"),
+                                ("half", "InvalidResources", "spec.worker.resources.nvidia.com/gpu")):
         st = kube.get(custom("trainingjobs", ns, name))["status"]
         cond = next(x for x in st["conditions"] if x["type"] == "Invalid")
         assert st["phase"] == "Invalid" and cond["reason"] == reason and field in cond["message"]

@@ -206,6 +206,100 @@ def test_a_failed_pod_restarts_the_job_from_its_checkpoint(kube, ns, controller)
     assert len(live) == 3 and {ko.labels(p)[ko.EPOCH] for p in live} == {"2"}
 
 
+def _fail(kube, ns, job, reason="OutOfcpu"):
+    w = next(p for p in job_pods(kube, ns, job) if ko.labels(p)[ko.ROLE] == "worker")
+    kube.merge_patch(pods(ns, ko.meta(w)["name"], "status"), {"status": {"phase": "Failed", "reason": reason}})
+
+
+def _condition(kube, ns, job, type_):
+    st = kube.get(custom("trainingjobs", ns, job))["status"]
+    return next((c for c in st.get("conditions") or [] if c["type"] == type_), None)
+
+
+def test_a_job_failing_more_than_its_backoff_limit_fails_and_gives_its_nodes_back(kube, ns, controller):
+    """Each failed pod is counted as it is replaced; past ``spec.backoffLimit`` the job is
+    Failed, its running pods go (the failed one stays, for its logs), and its cores are free
+    for the next job."""
+    make_node(kube, "node-a", 8)
+    kube.create(custom("trainingjobs", ns), training_job("flaky", ps=1, workers=2, cpu="2", backoffLimit=1))
+    c = controller(policy="static")
+    c.round()
+    kubelet = Kubelet(kube, ns)
+    kubelet.sync()
+    for failures in (1, 2):
+        _fail(kube, ns, "flaky")
+        c.round()
+        st = kube.get(custom("trainingjobs", ns, "flaky"))["status"]
+        assert (st["phase"], st["failures"], st["epoch"]) == ("Running", failures, failures + 1)
+        for _ in range(2):
+            kubelet.sync()
+            c.round()
+    st = kube.get(custom("trainingjobs", ns, "flaky"))["status"]
+    assert st["phase"] == "Failed", st
+    cond = _condition(kube, ns, "flaky", "Failed")
+    assert cond["status"] == "True" and cond["reason"] == "BackoffLimitExceeded"
+    assert "2 failed pods" in cond["message"] and "spec.backoffLimit 1" in cond["message"]
+    kubelet.sync()
+    c.round()
+    assert [p for p in job_pods(kube, ns, "flaky") if not ko.terminated(p)] == []
+    kube.create(custom("trainingjobs", ns), training_job("next", ps=1, workers=2, cpu="2"))
+    c.round()
+    assert len(job_pods(kube, ns, "next")) == 3  # the whole node was free again
+
+
+def test_a_crash_looping_or_unpullable_pod_is_said_and_a_crash_loop_counts_against_the_limit(kube, ns, controller):
+    c, kubelet = _running(kube, ns, controller, "loop", workers=1, cores=32)
+    c.round()
+    cond = _condition(kube, ns, "loop", "PodsReady")
+    assert (cond["status"], cond["reason"]) == ("True", "Running")
+    ps, w = sorted(job_pods(kube, ns, "loop"), key=lambda p: ko.labels(p)[ko.ROLE])
+
+    def container(pod, restarts, waiting):
+        kube.merge_patch(pods(ns, ko.meta(pod)["name"], "status"), {"status": {"containerStatuses": [{
+            "name": "train", "image": "reamer/ps-training", "imageID": "", "ready": False, "restartCount": restarts,
+            "state": {"waiting": {"reason": waiting, "message": f"the kubelet says {waiting}"}},
+            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}} if restarts else {}}]}})
+
+    container(ps, 0, "ImagePullBackOff")
+    c.round()
+    cond = _condition(kube, ns, "loop", "PodsReady")
+    assert (cond["status"], cond["reason"]) == ("False", "ImagePullBackOff")
+    assert f"pod {ko.meta(ps)['name']} container train: the kubelet says ImagePullBackOff" == cond["message"]
+    assert kube.get(custom("trainingjobs", ns, "loop"))["status"]["phase"] == "Running"
+    container(ps, 0, "ContainerCreating")  # pulled at last; the worker now crash-loops, within the limit
+    container(w, 6, "CrashLoopBackOff")
+    c.round()
+    cond = _condition(kube, ns, "loop", "PodsReady")
+    assert (cond["status"], cond["reason"]) == ("False", "CrashLoopBackOff")
+    assert kube.get(custom("trainingjobs", ns, "loop"))["status"]["phase"] == "Running"
+    container(w, 7, "CrashLoopBackOff")  # one restart more than the default backoffLimit (6)
+    c.round()
+    assert kube.get(custom("trainingjobs", ns, "loop"))["status"]["phase"] == "Failed"
+    msg = _condition(kube, ns, "loop", "Failed")["message"]
+    assert "7 container restarts" in msg and "OOMKilled (exit code 137)" in msg, msg
+
+
+def test_a_pod_the_api_server_refuses_is_said_on_the_job(kube, ns, controller):
+    """A ResourceQuota of one pod: the gang's other pods are refused (403); the job says so and
+    the pods are created once the quota allows them."""
+    quota = {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
+    kube.create(f"/api/v1/namespaces/{ns}/resourcequotas", quota)
+    deadline = time.time() + 30
+    while not (kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/one-pod").get("status") or {}).get("hard"):
+        assert time.time() < deadline, "the quota controller never filled the quota's status"
+        time.sleep(0.2)
+    make_node(kube, "node-a", 32)
+    kube.create(custom("trainingjobs", ns), training_job("quota", ps=1, workers=2))
+    c = controller(policy="static")
+    c.round()
+    assert len(job_pods(kube, ns, "quota")) == 1
+    cond = _condition(kube, ns, "quota", "PodsReady")
+    assert (cond["status"], cond["reason"]) == ("False", "CreateRefused") and "exceeded quota" in cond["message"]
+    kube.delete(f"/api/v1/namespaces/{ns}/resourcequotas/one-pod")
+    c.round()
+    assert len(job_pods(kube, ns, "quota")) == 3
+
+
 def test_a_replica_moved_again_before_its_first_move_finished_does_not_come_back(kube, ns, components):
     for n in ("gpu-a", "gpu-b", "gpu-c"):
         make_node(kube, n, 16)

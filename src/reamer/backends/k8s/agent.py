@@ -234,7 +234,8 @@ class Agent:
         self.roots = [kubelet_root(kubelet_cgroup_root)] if kubelet_cgroup_root is not None else kubelet_roots(self.top)
         self._looked = False  # the roots were looked for again this round
         self._unseen: set[str] = set()  # running pods whose cgroup was not found (said once each)
-        self.system_reserved, self.nic_gbps, self.clock, self.scrape_host = system_reserved, nic_gbps, clock, scrape_host
+        self.system_reserved, self.nic_gbps = system_reserved, nic_gbps
+        self.clock, self.scrape_host = clock, scrape_host
         self.scrape_workers = scrape_workers
         self._prev: dict[str, _Prev] = {}
         self._last: float | None = None

@@ -142,7 +142,7 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
         if ko.deleting(tj):
             going.add(name)
             continue
-        if (tj.get("status") or {}).get("phase") == "Succeeded":
+        if (tj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             done.add(name)
             continue
         try:

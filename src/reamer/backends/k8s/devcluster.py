@@ -1,5 +1,5 @@
 """A throw-away control plane on loopback: etcd + a real kube-apiserver (+ optionally
-kube-controller-manager for garbage collection), for the tier-A tests and the scheduler
+kube-controller-manager for garbage collection, namespaces, PDBs and quotas), for the tier-A tests and the scheduler
 benchmark. No kubelet: whoever uses it plays the kubelet (pods/status, forced deletes).
 
 The binaries come from ``tools/k8s/build.sh`` (Kubernetes 1.20.2 built from Debian's source
@@ -108,7 +108,7 @@ class DevCluster:
         if self.controller_manager:
             self._spawn("kube-controller-manager", [
                 str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig()}",
-                "--controllers=garbagecollector,namespace,disruption", "--bind-address=127.0.0.1", "--secure-port=0",
+                "--controllers=garbagecollector,namespace,disruption,resourcequota", "--bind-address=127.0.0.1", "--secure-port=0",
                 "--port=0", "--leader-elect=false",
             ], logs)
         return self

@@ -184,9 +184,12 @@ def schedulable(obj: Obj) -> bool:
 
 def _role_res(spec: Obj, role: str) -> Resources:
     r = (spec[role].get("resources") or {})
+    gpu = float(r.get("nvidia.com/gpu", 0))
+    if gpu != int(gpu):  # an extended resource is counted in whole units: a pod asking 0.5 would get 1
+        raise SpecError("InvalidResources", f"spec.{role}.resources.nvidia.com/gpu: expected a whole number of GPUs, "
+                                            f"got {gpu:g}")
     return Resources(quantity(r["cpu"], f"spec.{role}.resources.cpu"),
-                     quantity(r.get("memory", "1Gi"), f"spec.{role}.resources.memory") / 2**20,
-                     float(r.get("nvidia.com/gpu", 0)))
+                     quantity(r.get("memory", "1Gi"), f"spec.{role}.resources.memory") / 2**20, gpu)
 
 
 def training_job(obj: Obj, models: Mapping[str, object]) -> TrainingJob:
@@ -310,6 +313,23 @@ def ready(pod: Obj) -> bool:
         if c.get("type") == "Ready":
             return c.get("status") == "True"
     return False
+
+
+# waiting reasons of a container that will not start without someone's help (the kubelet's)
+STUCK = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
+                   "CreateContainerError", "RunContainerError", "CrashLoopBackOff"})
+
+
+def stuck(pod: Obj) -> tuple[str, str] | None:
+    """(reason, message) of the first container of ``pod`` (init containers first) waiting for a
+    reason in :data:`STUCK`; None when none is."""
+    st = pod.get("status") or {}
+    for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+        w = (cs.get("state") or {}).get("waiting") or {}
+        if w.get("reason") in STUCK:
+            why = w.get("message") or w["reason"]
+            return w["reason"], f"pod {meta(pod).get('name')} container {cs.get('name')}: {why}"
+    return None
 
 
 def deleting(pod: Obj) -> bool:

@@ -65,6 +65,7 @@ from reamer.domain.decisions import InvalidDecision
 from reamer.policies.diagnosis import Thresholds, diagnose
 
 log = logging.getLogger(__name__)
+BACKOFF_LIMIT = 6  # a TrainingJob's default spec.backoffLimit: a Kubernetes Job's (batch/v1 JobSpec)
 Fault = Callable[[str], None]
 
 
@@ -87,6 +88,7 @@ class K8sTraining:
         self._seen: dict[str, float] = {}  # job uid -> newest report already turned into a policy sample
         self._services: set[str] = set()  # job uids whose headless Service exists
         self._stale: set[str] = set()  # this round: jobs whose status write failed (left alone until re-read)
+        self._failed: dict[str, str] = {}  # this round: jobs past their backoffLimit -> why
         self.counts = {"conflicts": 0, "invalid_decisions": 0, "pods_created": 0, "pods_deleted": 0,
                        "resizes": 0, "recreates": 0, "api_errors": 0}
 
@@ -97,7 +99,7 @@ class K8sTraining:
         for name, err in view.invalid.items():
             self._mark_invalid(name, err, now)
         reports = pod_reports(objs)
-        self.telemetry, self.samples, self.counters, self._stale = {}, {}, {}, set()
+        self.telemetry, self.samples, self.counters, self._stale, self._failed = {}, {}, {}, set(), {}
         running, queue = [], []
         for jid in list(view.state.running):
             j = view.state.jobs[jid]
@@ -117,7 +119,10 @@ class K8sTraining:
             self.counters[jid] = counters
             if tel is not None:
                 self._seen[uid] = newest_report(cont, view.pod_names, self.ns, reports)
-            if samples >= j.spec.samples or self._workers_succeeded(jid, view):
+            failed = self._over_backoff(jid)
+            if failed:
+                self._failed[jid] = failed
+            if failed or samples >= j.spec.samples or self._workers_succeeded(jid, view):
                 try:
                     self._commit({jid: [view.state.finish(jid, now)]}, now)
                 except Exception:  # one job's trouble is not every job's
@@ -131,6 +136,29 @@ class K8sTraining:
             j = view.state.jobs[jid]
             queue.append(j.view(float((view.crs[jid].get("status") or {}).get("samplesDone", 0.0)), now))
         return view.state.snapshot(now, queue, running, self.telemetry)
+
+    def _over_backoff(self, jid: str) -> str:
+        """Why the job has failed more often than its ``spec.backoffLimit`` allows ("" if not): pods
+        that failed (``status.failures``, counted when each was replaced) plus restarts of the
+        containers of its pods now (a crash loop), as a Kubernetes Job counts them."""
+        view = self.view
+        assert view is not None
+        tj = view.crs[jid]
+        limit = int(tj["spec"].get("backoffLimit", BACKOFF_LIMIT))
+        failures = int((tj.get("status") or {}).get("failures", 0))
+        restarts, last = 0, ""
+        for p in self._pods_of(tj):
+            for cs in (p.get("status") or {}).get("containerStatuses") or []:
+                n = int(cs.get("restartCount") or 0)
+                if n:
+                    restarts += n
+                    term = (cs.get("lastState") or {}).get("terminated") or {}
+                    last = f"; pod {ko.meta(p)['name']} container {cs.get('name')}: {term.get('reason', 'restarted')}" \
+                           f"{' (exit code ' + str(term['exitCode']) + ')' if 'exitCode' in term else ''}"
+        if failures + restarts <= limit:
+            return ""
+        return (f"{failures} failed pods and {restarts} container restarts, more than spec.backoffLimit {limit}"
+                f"{last}")
 
     def _workers_succeeded(self, jid: str, view: TrainingView) -> bool:
         j = view.state.jobs[jid]
@@ -184,15 +212,15 @@ class K8sTraining:
                 if isinstance(e, SetQuota) and e.container.id not in view.pod_names:
                     view.pod_names[e.container.id] = default_pod_name(e.container, epoch)
             stopped = next((e for e in effs if isinstance(e, Stop)), None)
-            phase = ("Queued" if stopped.requeued else "Succeeded") if stopped else (
-                "Running" if j.state is JobState.RUNNING else "Queued")
+            phase = ("Queued" if stopped.requeued else "Failed" if jid in self._failed else "Succeeded") \
+                if stopped else ("Running" if j.state is JobState.RUNNING else "Queued")
             if not self._write_status(jid, j, epoch, phase, now):
                 self._stale.add(jid)  # its pods are left as they are; the next round re-reads it
                 continue
             view.epochs[jid] = epoch
             self.fault("after-status")
 
-    def _status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float) -> dict:
+    def _status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float, failed: bool = False) -> dict:
         view = self.view
         assert view is not None
         old = (view.crs[jid].get("status") or {})
@@ -204,6 +232,8 @@ class K8sTraining:
               "samplesDone": self.samples.get(jid, float(old.get("samplesDone", 0.0))),
               **({"counters": self.counters[jid]} if jid in self.counters else {}),
               "observedGeneration": ko.meta(view.crs[jid]).get("generation", 0)}
+        if failed:  # a failed pod is being replaced
+            st["failures"] = int(old.get("failures", 0)) + 1
         for k, v in (("startedAt", j.started_s), ("lastChangeAt", j.last_change_s), ("finishedAt", j.finished_s)):
             if v is not None:
                 st[k] = v
@@ -213,13 +243,18 @@ class K8sTraining:
         elif phase == "Succeeded":
             st["conditions"] = ko.set_condition(old.get("conditions"), "Scheduled", False, "Completed",
                                                 f"{st['samplesDone']:.0f} of {j.spec.samples:.0f} samples", now)
+        elif phase == "Failed":
+            why = self._failed.get(jid, "")
+            st["conditions"] = ko.set_condition(ko.set_condition(old.get("conditions"), "Scheduled", False,
+                                                                 "BackoffLimitExceeded", why, now),
+                                                "Failed", True, "BackoffLimitExceeded", why, now)
         return st
 
-    def _write_status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float) -> bool:
+    def _write_status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float, failed: bool = False) -> bool:
         view = self.view
         assert view is not None
         cr = dict(view.crs[jid])
-        cr["status"] = self._status(jid, j, epoch, phase, now)
+        cr["status"] = self._status(jid, j, epoch, phase, now, failed)
         try:
             new = self.kube.replace(custom("trainingjobs", self.ns, jid, "status"), cr)
         except ApiError as e:
@@ -315,7 +350,7 @@ class K8sTraining:
         older = any(ko.labels(p).get(ko.EPOCH) != str(epoch) for p in existing.values())
         busy = {ko.labels(p).get(ko.CONTAINER) for n, p in existing.items() if n not in desired}
         since = j.last_change_s if j.last_change_s is not None else now
-        waiting, created = [], 0
+        waiting, created, refused = [], 0, None
         for name, c in desired.items():
             node = view.state.node_by_name[c.node]
             room = node.cores - view.state.cpu_limits(c.node) - inference.get(c.node, 0.0)
@@ -325,7 +360,7 @@ class K8sTraining:
             p = existing.get(name)
             if p is not None and (p.get("status") or {}).get("phase") == "Failed" and not ko.deleting(p):
                 log.warning("pod %s failed (%s): replacing it", name, (p.get("status") or {}).get("reason", ""))
-                if self._replace(jid, j, epoch, p, c, now):
+                if self._replace(jid, j, epoch, p, c, now, failed=True):
                     return
                 continue
             if p is not None:
@@ -340,6 +375,11 @@ class K8sTraining:
                 self.informers.put("pods", new)
                 self.counts["pods_created"] += 1
             except ApiError as e:
+                if e.status in (400, 403, 422):  # a quota, an admission policy, the template: said, tried again
+                    self.counts["api_errors"] += 1
+                    log.warning("job %s: pod %s refused: %s", jid, name, e.message)
+                    refused = refused or ("CreateRefused", f"pod {name}: {e.message}")
+                    continue
                 if e.status != 409:
                     raise
             created += 1
@@ -351,7 +391,13 @@ class K8sTraining:
         want = ko.set_condition(conds, "WaitingForInference", bool(waiting),
                                 "InferenceMoving" if waiting else "NodesFree",
                                 f"inference has not yet left {', '.join(sorted(set(waiting)))}" if waiting else "", now)
-        if [(c["type"], c["status"]) for c in want] != [(c.get("type"), c.get("status")) for c in conds or []]:
+        mine = [p for n, p in existing.items() if n in desired and not ko.deleting(p)]
+        problem = refused or next((x for p in mine if (x := ko.stuck(p)) is not None), None)
+        running = len(mine) == len(desired) and all((p.get("status") or {}).get("phase") == "Running" for p in mine)
+        reason, msg = problem or (("Running", "") if running else ("Starting", "not every pod is running yet"))
+        want = ko.set_condition(want, "PodsReady", problem is None and running, reason, msg, now)
+        if [(c["type"], c["status"], c.get("reason")) for c in want] != \
+                [(c.get("type"), c.get("status"), c.get("reason")) for c in conds or []]:
             self._merge_status(jid, {"conditions": want})
 
     def _resize_if_needed(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float) -> bool:
@@ -378,9 +424,10 @@ class K8sTraining:
         self.counts["recreates"] += 1
         return self._replace(jid, j, epoch, pod, c, now)
 
-    def _replace(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float) -> bool:
-        """A pod that must be created anew (a resize that cannot be done in place, a failed
-        pod): by the job's ``resizeFallback``. True when the whole job moved to a new epoch."""
+    def _replace(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float, failed: bool = False) -> bool:
+        """A pod that must be created anew (a resize that cannot be done in place, a ``failed``
+        pod: counted in ``status.failures``): by the job's ``resizeFallback``. True when the whole
+        job moved to a new epoch."""
         view = self.view
         assert view is not None
         name = ko.meta(pod)["name"]
@@ -388,14 +435,14 @@ class K8sTraining:
             # this pod alone, under a new name recorded first; the next converge deletes the old one
             m = re.search(r"-r(\d+)$", name)
             view.pod_names[c.id] = f"{default_pod_name(c, epoch)}-r{int(m.group(1)) + 1 if m else 1}"
-            if self._write_status(jid, j, epoch, "Running", now):
+            if self._write_status(jid, j, epoch, "Running", now, failed):
                 self._delete(pod)
                 self.fault("resize-recreate")
             return False
         # the whole job restarts from its checkpoint in a new epoch (a PS job's cluster spec is fixed)
         for x in j.containers.values():
             view.pod_names[x.id] = default_pod_name(x, epoch + 1)
-        if self._write_status(jid, j, epoch + 1, "Running", now):
+        if self._write_status(jid, j, epoch + 1, "Running", now, failed):
             view.epochs[jid] = epoch + 1
             self.fault("resize-recreate")
         return True
