@@ -1,6 +1,7 @@
 """A throw-away control plane on loopback: etcd + a real kube-apiserver (+ optionally
 kube-controller-manager for garbage collection, namespaces, PDBs and quotas), for the tier-A
-tests and the scheduler benchmark. No kubelet: whoever uses it plays the kubelet (pods/status, forced deletes).
+tests and the scheduler benchmark. No kubelet: whoever uses it plays the kubelet
+(pods/status, forced deletes).
 
 The binaries come from ``tools/k8s/build.sh`` (Kubernetes 1.20.2 built from Debian's source
 package), cached outside the repository; :func:`find_binaries` says why they are missing.
