@@ -122,9 +122,14 @@ class ServiceWindow:
 
 
 def service_window(pod_names: list[str], namespace: str, reports: dict[str, PodReport]) -> ServiceWindow | None:
+    """The service's window from its replicas' reports. A replica whose report has no request
+    rate (its first scrape, a scrape that failed before, a server that is down) is not a
+    replica serving nothing: the rate is the others' scaled to every replica (a Service spreads
+    requests evenly), and no replica with a rate is no window (None), not a window of no load."""
     rs = [reports[k] for n in pod_names if (k := f"{namespace}/{n}") in reports]
-    if not rs:
+    rates = [x for r in rs if (x := r.metric(REQUESTS + ":rate")) is not None]
+    if not rates:
         return None
-    rate = sum(r.metric(REQUESTS + ":rate") or 0.0 for r in rs)
+    rate = sum(rates) * len(rs) / len(rates)
     p99s = [p for r in rs if (p := r.metric(LATENCY + ":p99")) is not None]
     return ServiceWindow(max(r.reported_at for r in rs), rate, max(p99s) if p99s else None)
