@@ -236,3 +236,37 @@ def test_one_process_joint_round_moves_inference_in_the_round_training_grows(kub
     assert new and new[0]["spec"]["nodeName"] == "gpu-b"
     [w] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
     assert ko.pod_cpu_limit(w) == 2.0  # training waits until the old replica is gone
+
+
+def test_a_replica_that_cannot_start_is_said_and_a_failed_one_is_replaced(kube, ns, components):
+    """A replica whose image does not pull sets ``ReplicasReady`` False with the kubelet's
+    reason; one the kubelet rejected (phase Failed) is removed and another takes its place."""
+    make_node(kube, "gpu-a", 16)
+    fresh(kube, "gpu-a")
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
+    s = components("scheduler")
+    s.round()
+    kubelet = Kubelet(kube, ns)
+    kubelet.sync()
+    s.round()
+
+    def cond():
+        st = kube.get(custom("inferenceservices", ns, "vgg"))["status"]
+        c = next(x for x in st["conditions"] if x["type"] == "ReplicasReady")
+        return c["status"], c["reason"], c["message"]
+
+    assert cond()[:2] == ("True", "AllReady")
+    first, *_ = replica_pods(kube, ns, "vgg")
+    name = ko.meta(first)["name"]
+    kube.merge_patch(pods(ns, name, "status"), {"status": {"containerStatuses": [{
+        "name": "serve", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image x"}}}]}})
+    s.round()
+    assert cond() == ("False", "ImagePullBackOff", f"pod {name} container serve: Back-off pulling image x")
+    before = len(replica_pods(kube, ns, "vgg"))
+    kube.merge_patch(pods(ns, name, "status"), {"status": {"phase": "Failed", "reason": "OutOfcpu"}})
+    s.round()  # counted gone: replaced
+    s.round()  # and removed
+    live = [p for p in replica_pods(kube, ns, "vgg") if not ko.deleting(p)]
+    assert name not in {ko.meta(p)["name"] for p in live} and len(live) == before
+    assert s.backend.counts["replicas_failed"] >= 1

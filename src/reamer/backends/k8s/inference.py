@@ -83,7 +83,8 @@ class K8sInference:
         self._status: dict[str, dict] = {}  # service -> status patch to write this round
         self._expect: tuple = ()  # the joint round: training decisions about to be applied
         self.counts = {"binds": 0, "bind_refused_stale": 0, "evictions": 0, "evictions_refused": 0, "migrations": 0,
-                       "resizes": 0, "invalid_decisions": 0, "api_errors": 0, "moves_deferred": 0}
+                       "resizes": 0, "invalid_decisions": 0, "api_errors": 0, "moves_deferred": 0,
+                       "replicas_failed": 0}
 
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> HarvestSnapshot:
@@ -148,7 +149,25 @@ class K8sInference:
                 pod_of[r.id] = ko.meta(p)["name"]
         self.pod_of.update(pod_of)
         self._observe_window(rec, st, [ko.meta(p)["name"] for p in mine], reports, now)
+        self._readiness(name, st, mine, now)
         return rec
+
+    def _readiness(self, name: str, st: dict, mine: list[dict], now: float) -> None:
+        """Condition ``ReplicasReady``: False with the kubelet's reason and message while a
+        replica cannot start (:data:`ko.STUCK`: an image that does not pull, a crash loop),
+        False ``Starting`` while one is not Ready yet, True when all are (written when its status
+        or reason changes)."""
+        problem = next((x for p in mine if (x := ko.stuck(p)) is not None), None)
+        ready = all(ko.ready(p) for p in mine)
+        reason, msg = problem or (("AllReady", f"{len(mine)} replicas ready") if ready else
+                                  ("Starting", "not every replica is ready yet"))
+        conds = st.get("conditions")
+        want = ko.set_condition(conds, "ReplicasReady", problem is None and ready, reason, msg, now)
+        if problem is not None and not any(c.get("message") == msg for c in conds or []):
+            log.warning("InferenceService %s: %s (%s)", name, msg, reason)
+        if [(c["type"], c["status"], c.get("reason")) for c in want] != \
+                [(c.get("type"), c.get("status"), c.get("reason")) for c in conds or []]:
+            self._status.setdefault(name, {})["conditions"] = want
 
     def _observe_window(self, rec: ServiceRecord, st: dict, pod_names: list[str], reports, now: float) -> None:
         w = service_window(pod_names, self.ns, reports)
@@ -295,7 +314,16 @@ class K8sInference:
         by_name = {ko.meta(p)["name"]: p for p in objs.pods}
         services = {ko.meta(s)["name"] for s in objs.services}
         for p in objs.pods:
-            if ko.SERVICE not in ko.labels(p) or ko.deleting(p) or ko.terminated(p):
+            if ko.SERVICE not in ko.labels(p) or ko.deleting(p):
+                continue
+            if (p.get("status") or {}).get("phase") == "Failed":  # no longer a replica: the policy starts another
+                st = p.get("status") or {}
+                log.warning("replica pod %s failed on %s (%s: %s): removed", ko.meta(p)["name"],
+                            (p.get("spec") or {}).get("nodeName"), st.get("reason", ""), st.get("message", ""))
+                self.counts["replicas_failed"] += 1
+                self._guard_delete(p)
+                continue
+            if ko.terminated(p):
                 continue
             try:
                 if ko.labels(p)[ko.SERVICE] not in services:  # its service is gone (no garbage collector)
@@ -314,6 +342,13 @@ class K8sInference:
             except Exception as err:  # one pod's trouble is not every pod's
                 self.counts["api_errors"] += 1
                 log.warning("pod %s: %s", ko.meta(p)["name"], err)
+
+    def _guard_delete(self, p: dict) -> None:
+        try:
+            self.kube.delete(pods(self.ns, ko.meta(p)["name"]), uid=ko.meta(p).get("uid"))
+        except ApiError as err:
+            self.counts["api_errors"] += 1
+            log.warning("pod %s: %s", ko.meta(p)["name"], err)
 
     def _patch_status(self, name: str, patch: dict) -> None:
         try:
