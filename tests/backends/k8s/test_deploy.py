@@ -582,11 +582,6 @@ REPLAYED = [  # (module, test, its keyword arguments beyond kube / ns / componen
 
 # Requests the replays do not send, and why; the matrix above still checks they are allowed.
 UNEXERCISED = {
-    "controller": {
-        ("get", "", "services", NS): "re-reads a job's headless Service whose create answered 409: a controller "
-                                     "restarted, or a job created again under an earlier job's name "
-                                     "(test_k8s_faults, run as admin)",
-    },
     "scheduler": {
         ("get", "", "pods", NS): "re-reads a replica pod whose create answered 409: a scheduler restarted between "
                                  "create and bind (test_k8s_restart's after-create, run as admin)",

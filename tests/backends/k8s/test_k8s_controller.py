@@ -83,6 +83,20 @@ def test_pods_of_other_namespaces_hold_what_they_request(kube, ns, controller):
     assert sorted(p["spec"]["nodeName"] for p in job_pods(kube, ns, "big")) == ["node-a", "node-a"]
 
 
+def test_the_memory_inference_replicas_request_is_not_placed_on(kube, ns, controller):
+    """Inference moves for training's cores, not its memory: a node whose replica holds most of
+    its memory gets no gang that would not fit beside it (the kubelet would refuse it)."""
+    make_node(kube, "node-a", 32, mem_gi=64)
+    make_node(kube, "node-b", 32, mem_gi=64)
+    kube.create(pods(ns), {"metadata": {"name": "vgg-r0", "labels": {ko.SERVICE: "vgg"},
+                                        "annotations": {ko.CORES: "1.0"}},
+                           "spec": {"nodeName": "node-a", "containers": [{"name": "serve", "image": "x", "resources": {
+                               "requests": {"cpu": "1", "memory": "63Gi"}}}]}})
+    kube.create(custom("trainingjobs", ns), training_job("cifar", ps=1, workers=2, cpu="2"))
+    controller(policy="static").round()
+    assert {p["spec"]["nodeName"] for p in job_pods(kube, ns, "cifar")} == {"node-b"}
+
+
 def _report(kube, ns, node, job, t, *, ps_net, worker_net, samples, rate, cpu_used=1.0):
     entries = []
     for p in job_pods(kube, ns, job):

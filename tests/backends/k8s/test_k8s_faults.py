@@ -206,7 +206,9 @@ def test_a_failed_pod_restarts_the_job_from_its_checkpoint(kube, ns, controller)
     assert len(live) == 3 and {ko.labels(p)[ko.EPOCH] for p in live} == {"2"}
 
 
-def _fail(kube, ns, job, reason="OutOfcpu"):
+def _fail(kube, ns, job, reason=None):
+    """A worker pod Failed: for ``reason`` (the kubelet's), or (None) its container exited in error
+    under ``restartPolicy: Never``, where a pod has no reason of its own."""
     w = next(p for p in job_pods(kube, ns, job) if ko.labels(p)[ko.ROLE] == "worker")
     kube.merge_patch(pods(ns, ko.meta(w)["name"], "status"), {"status": {"phase": "Failed", "reason": reason}})
 
@@ -217,20 +219,21 @@ def _condition(kube, ns, job, type_):
 
 
 def test_a_job_failing_more_than_its_backoff_limit_fails_and_gives_its_nodes_back(kube, ns, controller):
-    """Each failed pod is counted as it is replaced; past ``spec.backoffLimit`` the job is
-    Failed, its running pods go (the failed one stays, for its logs), and its cores are free
-    for the next job."""
+    """Each failed pod is counted as it is replaced, but for the platform's failures (an
+    eviction, a kubelet admission refusal); past ``spec.backoffLimit`` the job is Failed, its
+    running pods go (the failed one stays, for its logs), and its cores are free for the next
+    job."""
     make_node(kube, "node-a", 8)
     kube.create(custom("trainingjobs", ns), training_job("flaky", ps=1, workers=2, cpu="2", backoffLimit=1))
     c = controller(policy="static")
     c.round()
     kubelet = Kubelet(kube, ns)
     kubelet.sync()
-    for failures in (1, 2):
-        _fail(kube, ns, "flaky")
+    for epoch, (reason, failures) in enumerate((("Evicted", 0), ("OutOfmemory", 0), (None, 1), (None, 2)), 2):
+        _fail(kube, ns, "flaky", reason)
         c.round()
         st = kube.get(custom("trainingjobs", ns, "flaky"))["status"]
-        assert (st["phase"], st["failures"], st["epoch"]) == ("Running", failures, failures + 1)
+        assert (st["phase"], st.get("failures", 0), st["epoch"]) == ("Running", failures, epoch)
         for _ in range(2):
             kubelet.sync()
             c.round()
@@ -245,6 +248,18 @@ def test_a_job_failing_more_than_its_backoff_limit_fails_and_gives_its_nodes_bac
     kube.create(custom("trainingjobs", ns), training_job("next", ps=1, workers=2, cpu="2"))
     c.round()
     assert len(job_pods(kube, ns, "next")) == 3  # the whole node was free again
+
+
+def test_a_deleted_headless_service_comes_back_with_the_next_pods(kube, ns, controller):
+    c, kubelet = _running(kube, ns, controller, "dns", workers=1, cores=32)
+    kube.delete(services(ns, "dns"))
+    _fail(kube, ns, "dns")  # the job restarts in a new epoch: its new pods need ps0.dns to resolve
+    for _ in range(3):
+        c.round()
+        kubelet.sync()
+    assert {ko.labels(p)[ko.EPOCH] for p in job_pods(kube, ns, "dns")} == {"2"}
+    svc = kube.get(services(ns, "dns"))
+    assert svc["metadata"]["ownerReferences"][0]["name"] == "dns"
 
 
 def test_a_crash_looping_or_unpullable_pod_is_said_and_a_crash_loop_counts_against_the_limit(kube, ns, controller):

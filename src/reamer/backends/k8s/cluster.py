@@ -100,21 +100,30 @@ class TrainingView:
     pods: dict[str, dict[str, Obj]] = field(default_factory=dict)  # TrainingJob uid -> its pods by name
 
 
-def _nodes(objs: ClusterObjects, foreign_jobs: set[str], cordoned_use: dict[str, Resources]) -> list[Node]:
+def _nodes(objs: ClusterObjects, foreign_jobs: set[str], cordoned_use: dict[str, Resources],
+           replica_memory: bool) -> list[Node]:
     """Every Node less what pods Reamer does not run (other namespaces' included, and pods of jobs
-    it cannot run) request there; a cordoned node keeps only what its recorded training
-    containers hold, so nothing new is placed on it."""
+    it cannot run) request there, and (``replica_memory``) less the memory its inference replicas
+    request; a cordoned node keeps only what its recorded training containers hold, so nothing
+    new is placed on it."""
     foreign: dict[str, list[Obj]] = {}
+    replica_mem: dict[str, float] = {}
     for p in objs.others:
         foreign.setdefault(p["spec"]["nodeName"], []).append(p)
     for p in objs.pods:
         node = (p.get("spec") or {}).get("nodeName")
         lb = ko.labels(p)
-        if node and not ko.terminated(p) and (not ko.is_reamer_pod(p) or lb.get(ko.JOB) in foreign_jobs):
+        if not node or ko.terminated(p):
+            continue
+        if not ko.is_reamer_pod(p) or lb.get(ko.JOB) in foreign_jobs:
             foreign.setdefault(node, []).append(p)
+        elif replica_memory and ko.SERVICE in lb:  # its cores move for training (inference moves first), not its memory
+            replica_mem[node] = replica_mem.get(node, 0.0) + ko.pod_requests(p).mem_mib
     out = []
     for n in objs.nodes:
         node = ko.node_of(n, foreign.get(ko.meta(n)["name"], ()))
+        if node.name in replica_mem:
+            node = replace(node, mem_mib=max(0.0, node.mem_mib - replica_mem[node.name]))
         if not ko.schedulable(n):
             use = cordoned_use.get(node.name, Resources())
             node = replace(node, cores=min(node.cores, use.cpu), mem_mib=min(node.mem_mib, use.mem_mib),
@@ -124,7 +133,8 @@ def _nodes(objs: ClusterObjects, foreign_jobs: set[str], cordoned_use: dict[str,
 
 
 def training_state(objs: ClusterObjects, models: Mapping[str, object],
-                   on_invalid: Callable[[str, ko.SpecError], None] | None = None) -> TrainingView:
+                   on_invalid: Callable[[str, ko.SpecError], None] | None = None,
+                   replica_memory: bool = False) -> TrainingView:
     """Rebuild the shared training state from the TrainingJobs' status (the shape the
     controller decided) in arrival order. What runs is booked even where a node is now
     overcommitted; a job is queued again only when a node its shape names is gone, has a
@@ -133,7 +143,9 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
     only on the nodes its pod template allows (:mod:`reamer.backends.k8s.affinity`). A job
     whose spec cannot run keeps its pods, counted as foreign (nothing double-books them), and
     so does a job being deleted (a foreground deletion or a finalizer holds it while the garbage
-    collector removes its pods: it is not run, reshaped or given pods again)."""
+    collector removes its pods: it is not run, reshaped or given pods again). ``replica_memory``:
+    the controller's view, where the memory inference replicas request is taken (their cores
+    move for training, their memory does not; the scheduler books its replicas itself)."""
     order = sorted(objs.jobs, key=lambda o: (ko.epoch_s(ko.meta(o).get("creationTimestamp")), ko.meta(o)["name"]))
     specs, invalid, done, going = [], {}, set(), set()
     eligible = Eligibility(objs.nodes)  # the nodes each role's pod template allows
@@ -162,7 +174,7 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
         for c in containers:
             if c.node in cordoned:
                 held[c.node] = held.get(c.node, Resources()) + c.res
-    view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held)), invalid=invalid, done=done,
+    view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held, replica_memory)), invalid=invalid, done=done,
                         pods=_pods_by_owner(objs))
     for tj, spec, containers, evicting in specs:
         name, st = spec.id, tj.get("status") or {}

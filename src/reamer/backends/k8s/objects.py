@@ -332,6 +332,21 @@ def stuck(pod: Obj) -> tuple[str, str] | None:
     return None
 
 
+# reasons of a Failed pod that the platform, not the job, caused: kubelet admission (OutOf<resource>,
+# NodeAffinity, ...), eviction, preemption, node shutdown; Kubernetes >= 1.26 also marks them with
+# condition DisruptionTarget
+PLATFORM_FAILURES = frozenset({"Evicted", "Preempting", "NodeAffinity", "NodeName", "UnexpectedAdmissionError",
+                               "Shutdown", "Terminated", "NodeLost"})
+
+
+def platform_failure(pod: Obj) -> bool:
+    """The pod failed for the platform's reasons (:data:`PLATFORM_FAILURES`), not its own."""
+    st = pod.get("status") or {}
+    reason = st.get("reason") or ""
+    return reason.startswith("OutOf") or reason in PLATFORM_FAILURES or any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in st.get("conditions") or [])
+
+
 def deleting(pod: Obj) -> bool:
     return bool(meta(pod).get("deletionTimestamp"))
 

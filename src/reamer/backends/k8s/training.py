@@ -86,7 +86,6 @@ class K8sTraining:
         self.samples: dict[str, float] = {}  # this round: job -> samples done (banked)
         self.counters: dict[str, dict[str, float]] = {}  # this round: job -> its workers' counters
         self._seen: dict[str, float] = {}  # job uid -> newest report already turned into a policy sample
-        self._services: set[str] = set()  # job uids whose headless Service exists
         self._stale: set[str] = set()  # this round: jobs whose status write failed (left alone until re-read)
         self._failed: dict[str, str] = {}  # this round: jobs past their backoffLimit -> why
         self.counts = {"conflicts": 0, "invalid_decisions": 0, "pods_created": 0, "pods_deleted": 0,
@@ -95,7 +94,7 @@ class K8sTraining:
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> ClusterSnapshot:
         objs = self.objs = self.informers.objects()
-        view = self.view = training_state(objs, self.models)
+        view = self.view = training_state(objs, self.models, replica_memory=True)
         for name, err in view.invalid.items():
             self._mark_invalid(name, err, now)
         reports = pod_reports(objs)
@@ -346,7 +345,6 @@ class K8sTraining:
                 self._delete(p)
         if not desired:
             return
-        self._ensure_service(tj)
         older = any(ko.labels(p).get(ko.EPOCH) != str(epoch) for p in existing.values())
         busy = {ko.labels(p).get(ko.CONTAINER) for n, p in existing.items() if n not in desired}
         since = j.last_change_s if j.last_change_s is not None else now
@@ -360,7 +358,7 @@ class K8sTraining:
             p = existing.get(name)
             if p is not None and (p.get("status") or {}).get("phase") == "Failed" and not ko.deleting(p):
                 log.warning("pod %s failed (%s): replacing it", name, (p.get("status") or {}).get("reason", ""))
-                if self._replace(jid, j, epoch, p, c, now, failed=True):
+                if self._replace(jid, j, epoch, p, c, now, failed=not ko.platform_failure(p)):
                     return
                 continue
             if p is not None:
@@ -369,6 +367,8 @@ class K8sTraining:
                 continue
             if older or ko.short(c.id) in busy:
                 continue  # the old incarnation checkpoints and goes first
+            if not created and refused is None:
+                self._ensure_service(tj)  # every round pods are created in: a Service deleted since comes back
             pod = ko.training_pod(tj, j.spec, c, list(j.containers.values()), epoch, name)
             try:
                 new = self.kube.create(pods(self.ns), pod)
@@ -449,8 +449,6 @@ class K8sTraining:
 
     def _ensure_service(self, tj: dict) -> None:
         uid = ko.meta(tj).get("uid", "")
-        if uid in self._services:
-            return
         name = ko.meta(tj)["name"]
         try:
             self.kube.create(services(self.ns), ko.headless_service(tj))
@@ -465,8 +463,6 @@ class K8sTraining:
             if uid not in owners:
                 log.info("job %s: Service %s belongs to another object (%s); tried again next round", name, name,
                          ", ".join(sorted(o for o in owners if o)) or "no owner")
-                return
-        self._services.add(uid)
 
     def _delete(self, pod: dict) -> None:
         m = ko.meta(pod)
