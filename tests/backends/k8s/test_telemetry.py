@@ -30,3 +30,11 @@ def test_a_replica_without_a_rate_is_not_a_replica_serving_nothing(missing):
     # no replica with a rate: no window, not a window of no load
     assert service_window(["r0"], "ns", _reports(missing)) is None
     assert service_window(["x"], "ns", _reports(_rate(1))) is None
+
+
+def test_a_report_of_an_agent_that_stopped_is_not_this_windows():
+    reports = _reports(_rate(10, 0.05), _rate(30, 0.9))
+    r1 = reports["ns/r1"]
+    reports["ns/r1"] = PodReport(r1.node, 100.0 - 60.0, r1.window_s, r1.entry)  # its agent stopped a minute ago
+    w = service_window(["r0", "r1"], "ns", reports)
+    assert (w.at, w.rate_per_s, w.p99_s) == (100.0, 20.0, 0.05)

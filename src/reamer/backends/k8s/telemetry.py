@@ -125,11 +125,17 @@ def service_window(pod_names: list[str], namespace: str, reports: dict[str, PodR
     """The service's window from its replicas' reports. A replica whose report has no request
     rate (its first scrape, a scrape that failed before, a server that is down) is not a
     replica serving nothing: the rate is the others' scaled to every replica (a Service spreads
-    requests evenly), and no replica with a rate is no window (None), not a window of no load."""
+    requests evenly), and no replica with a rate is no window (None), not a window of no load. A
+    report older than two of the newest report's windows (its node's agent stopped) is such a
+    replica too: its last rate and p99 are not this window's."""
     rs = [reports[k] for n in pod_names if (k := f"{namespace}/{n}") in reports]
-    rates = [x for r in rs if (x := r.metric(REQUESTS + ":rate")) is not None]
+    if not rs:
+        return None
+    newest = max(rs, key=lambda r: r.reported_at)
+    current = [r for r in rs if r.reported_at >= newest.reported_at - 2 * max(newest.window_s, 1.0)]
+    rates = [x for r in current if (x := r.metric(REQUESTS + ":rate")) is not None]
     if not rates:
         return None
     rate = sum(rates) * len(rs) / len(rates)
-    p99s = [p for r in rs if (p := r.metric(LATENCY + ":p99")) is not None]
-    return ServiceWindow(max(r.reported_at for r in rs), rate, max(p99s) if p99s else None)
+    p99s = [p for r in current if (p := r.metric(LATENCY + ":p99")) is not None]
+    return ServiceWindow(newest.reported_at, rate, max(p99s) if p99s else None)
