@@ -374,6 +374,42 @@ def test_measure_a_pod_below_kinds_kubelet_cgroup_root(tmp_path, caplog, given):
         assert e["cpuUsed"] == pytest.approx(0.5) and not said
 
 
+def test_a_pod_starting_or_ending_unmeasured_is_not_counted_as_the_systems(tmp_path):
+    """The system's use is the machine's less the measured pods'. A pod's first window has no
+    reading before it, and a pod that ended has none after: in such a window the difference
+    holds that pod's use, and the last whole window's figure stands (a fake v2 tree, a
+    controllable clock)."""
+    top = _fake_top(tmp_path, 2)
+    t, usage = [100.0], {}
+
+    def pod_dir(uid):
+        d = top.joinpath(*_layout("cgroupfs", "Burstable", uid))
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def write(machine_s, **pods_s):
+        (top / "cpu.stat").write_text(f"usage_usec {int(machine_s * 1e6)}\n")
+        for uid, u in pods_s.items():
+            (pod_dir(usage[uid]) / "cpu.stat").write_text(f"usage_usec {int(u * 1e6)}\nnr_periods 0\n"
+                                                          "nr_throttled 0\nthrottled_usec 0\n")
+
+    usage.update(a=UID, b=OTHER)
+    kube = FakeKube([_pod(UID)], cpu="8")
+    agent = Agent(kube, "n1", cgroup_root=top, clock=lambda: t[0])
+    write(0.0, a=0.0)
+    agent.measure()
+    systems = []
+    # window 1: a uses 1 core, the system 0.5; window 2: b starts (2 cores, unmeasured); window 3: both
+    # measured; window 4: b ended (its last 2 cores unmeasured)
+    for machine, a, b, pods_ in ((1.5, 1.0, None, [UID]), (5.5, 2.0, 2.0, [UID, OTHER]),
+                                 (9.5, 3.0, 4.0, [UID, OTHER]), (12.0, 4.0, None, [UID])):
+        t[0] += 1.0
+        write(machine, a=a, **({"b": b} if b is not None else {}))
+        kube.pods = [_pod(u) for u in pods_]
+        systems.append(agent.measure()["systemUsed"])
+    assert systems == pytest.approx([0.5, 0.5, 1.0, 1.0])
+
+
 def test_a_pod_whose_metrics_port_is_not_http_costs_only_its_own_metrics(tmp_path):
     """A real TCP port on loopback that answers garbage (a gRPC or other non-HTTP port named by
     ``reamer.io/metrics-port``): http.client raises BadStatusLine, and the agent still reports

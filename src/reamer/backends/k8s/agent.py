@@ -240,26 +240,29 @@ class Agent:
         self._prev: dict[str, _Prev] = {}
         self._last: float | None = None
         self._sys_prev: float | None = None
+        self._sys_last = 0.0  # the system's use in the last window every pod was measured in
 
     def measure(self) -> dict:
         """One NodeSlack status from the pods on the node now."""
-        now = self.clock()
         node = self.kube.get(nodes(self.node))
         cores = ko.quantity(((node.get("status") or {}).get("allocatable") or {}).get("cpu", 0), "node cpu")
         nic = self.nic_gbps or float(ko.labels(node).get(ko.P + "nic-gbps", 10.0))
         items, _ = self.kube.list("/api/v1/pods", field_selector=f"spec.nodeName={self.node}")
-        window = now - self._last if self._last is not None else 0.0
         entries, seen = [], set()
         used = {"training": 0.0, "inference": 0.0, "other": 0.0}
         limits = 0.0
         live = [p for p in items if not ko.terminated(p)]
         scraped = self._scrape_all(live)
+        now = self.clock()  # the readings' time: the cgroups are read next (the API calls and scrapes took their time)
+        window = now - self._last if self._last is not None else 0.0
         self._looked = False
+        partial = False  # a pod's use this window is not known: the machine's use less the pods' is not the system's
         for p in live:
             m = ko.meta(p)
             uid = m["uid"]
             seen.add(uid)
-            e, cpu_used = self._pod(p, now, scraped.get(uid))
+            e, cpu_used, unknown = self._pod(p, now, scraped.get(uid))
+            partial |= unknown
             entries.append(e)
             kind = "training" if ko.JOB in ko.labels(p) else "inference" if ko.SERVICE in ko.labels(p) else "other"
             used[kind] += cpu_used
@@ -267,10 +270,11 @@ class Agent:
                 limits += ko.pod_cpu_limit(p)
             e["netCapacityGbps"] = nic
         for uid in set(self._prev) - seen:
+            partial |= self._prev[uid].cpu is not None  # it ran part of the window, unmeasured
             del self._prev[uid]
         self._unseen &= seen
         self._last = now
-        system = self._system_used(window, sum(used.values()))  # outside every pod
+        system = self._system_used(window, sum(used.values()), partial)  # outside every pod
         return {"reportedAt": now, "windowSeconds": window, "cores": cores, "systemReserved": self.system_reserved,
                 "systemUsed": system, "trainingUsed": used["training"], "inferenceUsed": used["inference"],
                 "trainingNeed": max(limits, used["training"]),
@@ -301,7 +305,9 @@ class Agent:
                     out[uid] = err
         return out
 
-    def _pod(self, p: dict, now: float, scraped: dict | Exception | None) -> tuple[dict, float]:
+    def _pod(self, p: dict, now: float, scraped: dict | Exception | None) -> tuple[dict, float, bool]:
+        """The pod's entry, its cores used over the window, and whether it ran unmeasured (a
+        cgroup read now with no reading before: its first window)."""
         m = ko.meta(p)
         uid = m["uid"]
         e: dict = {"namespace": m["namespace"], "name": m["name"], "uid": uid, "cpuLimit": ko.pod_cpu_limit(p)}
@@ -339,7 +345,7 @@ class Agent:
             metrics = scraped
             e["metrics"] = summarize(metrics, prev.metrics if prev else None, dt)
         self._prev[uid] = _Prev(now, cpu, net, metrics)
-        return e, cpu_used
+        return e, cpu_used, cpu is not None and "cpuUsed" not in e
 
     def _pod_cgroup(self, uid: str, qos: str | None, running: bool) -> Path | None:
         """The pod's cgroup below any of the kubelet roots; for a running pod not found, the roots
@@ -355,8 +361,10 @@ class Agent:
                 return self._pod_cgroup(uid, qos, running)
         return None
 
-    def _system_used(self, window: float, pods_used: float) -> float:
-        """Cores used outside the pods: the whole machine's use (root cgroup) less the pods'."""
+    def _system_used(self, window: float, pods_used: float, partial: bool = False) -> float:
+        """Cores used outside the pods: the whole machine's use (root cgroup) less the pods'. In a
+        ``partial`` window (a pod started or ended unmeasured) that difference holds the pod's use
+        too: the last whole window's figure stands."""
         try:
             if self.version == 1:
                 total = int((self.usage_top / "cpuacct.usage").read_text()) / 1e9
@@ -368,7 +376,9 @@ class Agent:
         prev, self._sys_prev = self._sys_prev, total
         if prev is None or window <= 0:
             return 0.0
-        return max(0.0, (total - prev) / window - pods_used)
+        if not partial:
+            self._sys_last = max(0.0, (total - prev) / window - pods_used)
+        return self._sys_last
 
     def publish(self, status: dict) -> dict:
         """Write the node's NodeSlack status (the object is created, owned by its Node, on first use)."""
