@@ -250,6 +250,26 @@ def test_a_job_failing_more_than_its_backoff_limit_fails_and_gives_its_nodes_bac
     assert len(job_pods(kube, ns, "next")) == 3  # the whole node was free again
 
 
+def test_an_edited_template_reaches_the_pods(kube, ns, controller):
+    """A new image in the worker template (the fix of a pod that cannot pull its image): the job
+    restarts from its checkpoint in a new epoch, every pod from the templates as they are now."""
+    c, kubelet = _running(kube, ns, controller, "edit", workers=2, cores=32)
+    c.round()
+    assert kube.get(custom("trainingjobs", ns, "edit"))["status"]["epoch"] == 1
+    tj = kube.get(custom("trainingjobs", ns, "edit"))
+    tj["spec"]["worker"]["template"]["spec"]["containers"][0]["image"] = "reamer/ps-training:fixed"
+    kube.replace(custom("trainingjobs", ns, "edit"), tj)
+    for _ in range(3):
+        c.round()
+        kubelet.sync()
+    live = job_pods(kube, ns, "edit")
+    assert {ko.labels(p)[ko.EPOCH] for p in live} == {"2"} and len(live) == 3
+    images = {ko.labels(p)[ko.ROLE]: p["spec"]["containers"][0]["image"] for p in live}
+    assert images == {"ps": "reamer/ps-training", "worker": "reamer/ps-training:fixed"}
+    c.round()
+    assert kube.get(custom("trainingjobs", ns, "edit"))["status"]["epoch"] == 2  # and it stays there
+
+
 def test_a_deleted_headless_service_comes_back_with_the_next_pods(kube, ns, controller):
     c, kubelet = _running(kube, ns, controller, "dns", workers=1, cores=32)
     kube.delete(services(ns, "dns"))

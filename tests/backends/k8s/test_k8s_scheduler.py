@@ -270,3 +270,36 @@ def test_a_replica_that_cannot_start_is_said_and_a_failed_one_is_replaced(kube, 
     live = [p for p in replica_pods(kube, ns, "vgg") if not ko.deleting(p)]
     assert name not in {ko.meta(p)["name"] for p in live} and len(live) == before
     assert s.backend.counts["replicas_failed"] >= 1
+
+
+def test_an_edited_template_rolls_the_replicas_one_at_a_time(kube, ns, components):
+    """A new image in the service's template: each replica is replaced make-before-break on its
+    node, one at a time (the next once the first's successor is Ready), until all run it."""
+    make_node(kube, "gpu-a", 32)
+    fresh(kube, "gpu-a", cores=32.0)
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0, minReplicas=2))
+    s = components("scheduler")
+    kubelet = Kubelet(kube, ns)
+    for _ in range(2):
+        s.round()
+        kubelet.sync()
+    first = {ko.meta(p)["name"] for p in replica_pods(kube, ns, "vgg")}
+    assert len(first) == 2
+    svc = kube.get(custom("inferenceservices", ns, "vgg"))
+    svc["spec"]["template"]["spec"]["containers"][0]["image"] = "reamer/inference:fixed"
+    kube.replace(custom("inferenceservices", ns, "vgg"), svc)
+    s.round()
+    moving = [p for p in replica_pods(kube, ns, "vgg") if ko.REPLACES in ko.annotations(p)]
+    assert len(moving) == 1 and moving[0]["spec"]["nodeName"] == "gpu-a"
+    assert moving[0]["spec"]["containers"][0]["image"] == "reamer/inference:fixed"
+    s.round()  # the successor is not Ready yet: no second replacement
+    assert len([p for p in replica_pods(kube, ns, "vgg") if ko.REPLACES in ko.annotations(p)]) == 1
+    assert len(replica_pods(kube, ns, "vgg")) == 3
+    for _ in range(6):
+        kubelet.sync()
+        s.round()
+    kubelet.sync()
+    live = [p for p in replica_pods(kube, ns, "vgg") if not ko.deleting(p)]
+    assert len(live) == 2 and not first & {ko.meta(p)["name"] for p in live}
+    assert {p["spec"]["containers"][0]["image"] for p in live} == {"reamer/inference:fixed"}
+    assert s.backend.counts["rollouts"] == 2

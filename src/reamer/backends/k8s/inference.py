@@ -84,7 +84,7 @@ class K8sInference:
         self._expect: tuple = ()  # the joint round: training decisions about to be applied
         self.counts = {"binds": 0, "bind_refused_stale": 0, "evictions": 0, "evictions_refused": 0, "migrations": 0,
                        "resizes": 0, "invalid_decisions": 0, "api_errors": 0, "moves_deferred": 0,
-                       "replicas_failed": 0}
+                       "replicas_failed": 0, "rollouts": 0}
 
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> HarvestSnapshot:
@@ -199,7 +199,7 @@ class K8sInference:
     # ------------------------------------------------------------------ actuate
     def actuate(self, decisions: Sequence[HarvestDecision], now: float) -> None:
         assert self.state is not None, "observe before actuate"
-        moves = 0
+        moves, touched = 0, set()
         for d in decisions:
             if isinstance(d, MigrateReplica | EvictReplica):
                 if moves >= self.max_moves:
@@ -213,11 +213,19 @@ class K8sInference:
                 self.counts["invalid_decisions"] += 1
                 log.warning("decision %s rejected: %s", d, err)
                 continue
+            touched.add(e.service)
             try:
                 self._carry(e, now)
             except ApiError as err:
                 self.counts["api_errors"] += 1
                 log.warning("%s: %s (the next round sees what happened)", d, err)
+        for sid in self.state.services:
+            if sid not in touched:
+                try:
+                    self._roll(sid)
+                except (ApiError, KeyError, ValueError) as err:  # a refused create, a replica pod someone edited
+                    self.counts["api_errors"] += 1
+                    log.warning("service %s: rolling to its template: %s", sid, err)
         for sid, s in self.state.services.items():
             patch = self._status.get(sid, {})
             patch.update(replicas=len(s.replicas), nextIndex=s.next_id)
@@ -258,6 +266,31 @@ class K8sInference:
                     raise
                 self.counts["evictions_refused"] += 1
                 log.info("eviction of %s refused by a PodDisruptionBudget: tried again next round", name)
+
+    def _roll(self, sid: str) -> None:
+        """A replica made from an earlier version of its service's template (an edit since: a new
+        image) is replaced make-before-break on its node, one per service per round, while every
+        other replica of the service is Ready and no move of it is under way."""
+        assert self.state is not None and self.objs is not None
+        want = ko.template_hash(self.crs[sid]["spec"].get("template"))
+        mine = [p for p in self.objs.pods if ko.labels(p).get(ko.SERVICE) == sid and not ko.deleting(p)
+                and not ko.terminated(p)]
+        names = {ko.meta(p)["name"] for p in mine}
+        if any(ko.annotations(p).get(ko.REPLACES) in names or not ko.ready(p) for p in mine):
+            return  # a move under way (its predecessor still there), or a replica not Ready
+        s = self.state.services[sid]
+        for p in mine:
+            made = ko.annotations(p).get(ko.TEMPLATE_HASH)
+            r = ko.replica_of(p)
+            if made is None or made == want or s.replicas.get(r.id) is None:
+                continue
+            r = s.replicas[r.id]
+            new = Replica(f"{sid}/r{s.next_id}", r.node, r.cores, r.max_batch, r.max_wait_s)
+            s.next_id += 1
+            log.info("replica pod %s was made from an earlier template of %s: replacing it", ko.meta(p)["name"], sid)
+            if self._create(new, ko.meta(p)["name"]):
+                self.counts["rollouts"] += 1
+            return
 
     def _main(self, pod_name: str) -> str:
         p = self.informers.reflectors["pods"].get(f"{self.ns}/{pod_name}") or {}

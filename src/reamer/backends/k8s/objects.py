@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import hashlib
+import json
 import logging
 import math
 import re
@@ -30,6 +32,7 @@ JOB, ROLE, CONTAINER, EPOCH = P + "job", P + "role", P + "container", P + "epoch
 SERVICE, REPLICA = P + "service", P + "replica"
 CORES, MAX_BATCH, MAX_WAIT_MS, REPLACES, TARGET = (P + "cores", P + "max-batch", P + "max-wait-ms", P + "replaces",
                                                    P + "target-node")
+TEMPLATE_HASH = P + "template-hash"  # of the pod template a pod was made from (a template edit rolls it)
 SCHEDULER = "reamer"
 PS_PORT = 7000  # the port of a PS (and worker) in the training pods' host lists
 
@@ -243,6 +246,11 @@ def short(cid: str) -> str:
     return cid.split("/", 1)[1]
 
 
+def template_hash(template: Obj | None) -> str:
+    """A short digest of a pod template (its JSON with sorted keys): equal templates, equal hashes."""
+    return hashlib.sha256(json.dumps(template or {}, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def training_pod(tj: Obj, spec: TrainingJob, c: Container, containers: list[Container], epoch: int,
                  name: str) -> Obj:
     """The pod of container ``c`` from its role's template: requests are the user's request,
@@ -279,7 +287,8 @@ def training_pod(tj: Obj, spec: TrainingJob, c: Container, containers: list[Cont
             "name": name, "namespace": m["namespace"],
             "labels": {**(pm.get("labels") or {}), JOB: spec.id, ROLE: c.role.value, CONTAINER: short(c.id),
                        EPOCH: str(epoch)},
-            "annotations": pm.get("annotations") or {},
+            "annotations": {**(pm.get("annotations") or {}),
+                            TEMPLATE_HASH: template_hash(tj["spec"][role].get("template"))},
             "ownerReferences": [owner_ref(tj)],
         },
         "spec": ps,
@@ -409,7 +418,8 @@ def inference_pod(isvc: Obj, r: Replica, replaces: str | None = None) -> Obj:
     ps["schedulerName"] = SCHEDULER
     ps.pop("nodeName", None)
     ann = {**(pm.get("annotations") or {}), CORES: str(r.cores), MAX_BATCH: str(r.max_batch),
-           MAX_WAIT_MS: str(r.max_wait_s * 1e3), TARGET: r.node}
+           MAX_WAIT_MS: str(r.max_wait_s * 1e3), TARGET: r.node,
+           TEMPLATE_HASH: template_hash(isvc["spec"].get("template"))}
     if replaces:
         ann[REPLACES] = replaces
     return {"apiVersion": "v1", "kind": "Pod",

@@ -362,6 +362,12 @@ class K8sTraining:
                     return
                 continue
             if p is not None:
+                if not ko.deleting(p) and self._outdated(tj, p, c):
+                    log.info("job %s: pod %s was made from an earlier %s template: replacing it", jid, name,
+                             c.role.value)
+                    if self._replace(jid, j, epoch, p, c, now):
+                        return
+                    continue
                 if not ko.deleting(p) and self._resize_if_needed(jid, j, epoch, p, c, now):
                     return  # restarting in a new epoch: the next round converges to it
                 continue
@@ -399,6 +405,14 @@ class K8sTraining:
         if [(c["type"], c["status"], c.get("reason")) for c in want] != \
                 [(c.get("type"), c.get("status"), c.get("reason")) for c in conds or []]:
             self._merge_status(jid, {"conditions": want})
+
+    @staticmethod
+    def _outdated(tj: dict, pod: dict, c) -> bool:
+        """The pod was made from another version of its role's template (an edit since: a new
+        image, an env var); a pod without the annotation is left as it is."""
+        made = ko.annotations(pod).get(ko.TEMPLATE_HASH)
+        role = "ps" if c.role is Role.PS else "worker"
+        return made is not None and made != ko.template_hash(tj["spec"][role].get("template"))
 
     def _resize_if_needed(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float) -> bool:
         """Bring ``pod`` to ``c``'s CPU: in place, else by the job's ``resizeFallback``. True when
