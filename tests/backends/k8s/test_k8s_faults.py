@@ -335,6 +335,37 @@ def test_a_pod_the_api_server_refuses_is_said_on_the_job(kube, ns, controller):
     assert len(job_pods(kube, ns, "quota")) == 3
 
 
+def test_a_move_whose_new_replica_cannot_start_is_given_up(kube, ns, components):
+    """The new replica of a migration does not pull its image: the move is given up (the new pod
+    removed), and the old replica, still serving, counts again."""
+    for n in ("gpu-a", "gpu-b"):
+        make_node(kube, n, 16)
+    fresh(kube, "gpu-a", "gpu-b")
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
+    s = components("scheduler")
+    s.round()
+    kubelet = Kubelet(kube, ns)
+    kubelet.sync()
+    [a] = replica_pods(kube, ns, "vgg")
+    to = "gpu-b" if a["spec"]["nodeName"] == "gpu-a" else "gpu-a"
+    s.inf.sync()
+    s.backend.observe(time.time())
+    [rid] = s.backend.pod_of
+    s.backend.actuate([MigrateReplica(rid, to)], time.time())
+    [b] = [p for p in replica_pods(kube, ns, "vgg") if ko.meta(p)["name"] != ko.meta(a)["name"]]
+    kube.merge_patch(pods(ns, ko.meta(b)["name"], "status"), {"status": {"phase": "Pending", "containerStatuses": [{
+        "name": "serve", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}}}]}})
+    s.inf.sync()
+    snap = s.backend.observe(time.time())
+    assert [r.node for r in snap.services[0].replicas] == [a["spec"]["nodeName"]]  # the old one counts again
+    s.backend.converge(time.time())
+    kubelet.sync()
+    live = [p for p in replica_pods(kube, ns, "vgg") if not ko.deleting(p)]
+    assert [ko.meta(p)["name"] for p in live] == [ko.meta(a)["name"]]
+    assert s.backend.counts["moves_given_up"] == 1
+
+
 def test_a_replica_moved_again_before_its_first_move_finished_does_not_come_back(kube, ns, components):
     for n in ("gpu-a", "gpu-b", "gpu-c"):
         make_node(kube, n, 16)

@@ -303,3 +303,25 @@ def test_an_edited_template_rolls_the_replicas_one_at_a_time(kube, ns, component
     assert len(live) == 2 and not first & {ko.meta(p)["name"] for p in live}
     assert {p["spec"]["containers"][0]["image"] for p in live} == {"reamer/inference:fixed"}
     assert s.backend.counts["rollouts"] == 2
+
+
+def test_a_service_created_again_under_its_name_does_not_adopt_the_old_ones_replicas(kube, ns, components):
+    make_node(kube, "gpu-a", 32)
+    fresh(kube, "gpu-a", cores=32.0)
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
+    s = components("scheduler")
+    kubelet = Kubelet(kube, ns)
+    s.round()
+    kubelet.sync()
+    old = {ko.meta(p)["name"] for p in replica_pods(kube, ns, "vgg")}
+    assert old
+    kube.delete(custom("inferenceservices", ns, "vgg"))
+    uid = kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))["metadata"]["uid"]
+    s.round()
+    kubelet.sync()
+    s.round()
+    kubelet.sync()
+    live = [p for p in replica_pods(kube, ns, "vgg") if not ko.deleting(p)]
+    assert live and not old & {ko.meta(p)["name"] for p in live}
+    assert {p["metadata"]["ownerReferences"][0]["uid"] for p in live} == {uid}
+    assert kube.get(custom("inferenceservices", ns, "vgg"))["status"]["replicas"] == len(live)

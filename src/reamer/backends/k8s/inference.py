@@ -84,7 +84,7 @@ class K8sInference:
         self._expect: tuple = ()  # the joint round: training decisions about to be applied
         self.counts = {"binds": 0, "bind_refused_stale": 0, "evictions": 0, "evictions_refused": 0, "migrations": 0,
                        "resizes": 0, "invalid_decisions": 0, "api_errors": 0, "moves_deferred": 0,
-                       "replicas_failed": 0, "rollouts": 0}
+                       "replicas_failed": 0, "rollouts": 0, "moves_given_up": 0}
 
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> HarvestSnapshot:
@@ -93,7 +93,9 @@ class K8sInference:
         nodes = tview.state.nodes  # the same nodes training sees (a cordoned one holds no slack)
         reports = pod_reports(objs)
         alive = [p for p in objs.pods if ko.SERVICE in ko.labels(p) and not ko.deleting(p) and not ko.terminated(p)]
-        replaced = {ko.annotations(p)[ko.REPLACES] for p in alive if ko.REPLACES in ko.annotations(p)}
+        # a successor that cannot start (an image that does not pull) does not take its predecessor's place
+        replaced = {ko.annotations(p)[ko.REPLACES] for p in alive
+                    if ko.REPLACES in ko.annotations(p) and not ko.stuck(p)}
         records, first, self.crs, self.pod_of, self._status = [], {}, {}, {}, {}
         eligible = Eligibility(objs.nodes)  # the nodes each service's pod template allows
         for isvc in objs.services:
@@ -131,8 +133,8 @@ class K8sInference:
     def _record(self, isvc: dict, spec: ko.ServiceSpec, st: dict, alive: list[dict], replaced: set[str],
                 objs: ClusterObjects, reports, now: float) -> ServiceRecord:
         """One service as its status and its replica pods record it."""
-        name = spec.name
-        mine = [p for p in alive if ko.labels(p)[ko.SERVICE] == name]
+        name, uid = spec.name, ko.meta(isvc).get("uid")
+        mine = [p for p in alive if ko.labels(p)[ko.SERVICE] == name and _owner_uid(p) == uid]
         rec = ServiceRecord(name, spec.model, spec.slo_p99_s, spec.mem_mib,
                             min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
                             observed_rates=[float(x) for x in st.get("rates") or []],
@@ -143,6 +145,8 @@ class K8sInference:
         for p in mine:
             if ko.meta(p)["name"] in replaced:
                 continue  # being replaced: its successor holds the booking
+            if ko.REPLACES in ko.annotations(p) and ko.stuck(p):
+                continue  # a successor that cannot start: the move is given up (converge)
             r = ko.replica_of(p)
             if r.node:
                 rec.replicas[r.id] = r
@@ -345,7 +349,7 @@ class K8sInference:
         once its successor is Ready."""
         objs = self.informers.objects()
         by_name = {ko.meta(p)["name"]: p for p in objs.pods}
-        services = {ko.meta(s)["name"] for s in objs.services}
+        services = {ko.meta(s)["name"]: ko.meta(s).get("uid") for s in objs.services}
         for p in objs.pods:
             if ko.SERVICE not in ko.labels(p) or ko.deleting(p):
                 continue
@@ -359,10 +363,19 @@ class K8sInference:
             if ko.terminated(p):
                 continue
             try:
-                if ko.labels(p)[ko.SERVICE] not in services:  # its service is gone (no garbage collector)
+                svc = ko.labels(p)[ko.SERVICE]
+                if svc not in services or _owner_uid(p) != services[svc]:
+                    # its service is gone, or was deleted and created again (no garbage collector, or not yet)
                     self.kube.delete(pods(self.ns, ko.meta(p)["name"]), uid=ko.meta(p).get("uid"))
                     continue
                 self._bind(p)
+                why = ko.stuck(p)
+                if why and ko.annotations(p).get(ko.REPLACES) in by_name:
+                    log.warning("move of %s given up: its successor %s cannot start (%s)",
+                                ko.annotations(p)[ko.REPLACES], ko.meta(p)["name"], why[1])
+                    self.counts["moves_given_up"] += 1
+                    self._guard_delete(p)
+                    continue
                 if not ko.ready(p):
                     continue
                 old, seen = ko.annotations(p).get(ko.REPLACES), set()
@@ -390,3 +403,10 @@ class K8sInference:
         except ApiError as err:
             self.counts["api_errors"] += 1
             log.warning("status of %s: %s", name, err)
+
+
+def _owner_uid(pod: dict) -> str | None:
+    """The uid of the InferenceService that owns ``pod`` (None: none does): a service deleted and
+    created again under the same name does not inherit the old one's replicas."""
+    refs = ko.meta(pod).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("kind") == "InferenceService"), None)
