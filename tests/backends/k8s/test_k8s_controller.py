@@ -322,6 +322,22 @@ def test_a_noexecute_taint_moves_a_job_off_its_node_and_a_noschedule_one_does_no
     assert kube.get(custom("trainingjobs", ns, "moved"))["status"]["phase"] == "Running"
 
 
+def test_a_job_queued_again_says_its_pods_are_gone(kube, ns, controller):
+    make_node(kube, "node-x", 32)
+    kube.create(custom("trainingjobs", ns), training_job("waits", ps=1, workers=1))
+    c = controller(policy="static")
+    c.round()
+    Kubelet(kube, ns).sync()
+    c.round()
+    cond = lambda: next(x for x in kube.get(custom("trainingjobs", ns, "waits"))["status"]["conditions"]
+                        if x["type"] == "PodsReady")
+    assert (cond()["status"], cond()["reason"]) == ("True", "Running")
+    kube.merge_patch(nodes("node-x"), {"spec": {"taints": [{"key": "maintenance", "effect": "NoExecute"}]}})
+    c.round()  # no other node: it waits
+    assert kube.get(custom("trainingjobs", ns, "waits"))["status"]["phase"] == "Queued"
+    assert (cond()["status"], cond()["reason"]) == ("False", "Queued")
+
+
 def test_a_queued_pinned_job_is_measured_against_the_nodes_it_may_use(kube, ns, controller):
     make_node(kube, "node-big", 64)
     make_node(kube, "node-small", 4)

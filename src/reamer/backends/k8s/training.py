@@ -498,8 +498,10 @@ class K8sTraining:
             st = tj.get("status") or {}
             old = next((c for c in st.get("conditions") or [] if c.get("type") == "Scheduled"), None)
             if st.get("phase") != "Queued" or old is None or old.get("message") != msg:
-                self._merge_status(jid, {"phase": "Queued", "conditions": ko.set_condition(
-                    st.get("conditions"), "Scheduled", False, reason, msg, now)})
+                conds = ko.set_condition(st.get("conditions"), "Scheduled", False, reason, msg, now)
+                if any(c.get("type") == "PodsReady" for c in conds):  # it ran before: its pods are gone
+                    conds = ko.set_condition(conds, "PodsReady", False, "Queued", "no pods while it waits", now)
+                self._merge_status(jid, {"phase": "Queued", "conditions": conds})
         for jid, counters in self.counters.items():  # progress, banked from the workers' counters
             j = view.state.jobs.get(jid)
             if j is None or j.state is not JobState.RUNNING or jid in self._stale:
