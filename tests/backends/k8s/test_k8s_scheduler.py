@@ -303,6 +303,21 @@ def test_an_edited_template_rolls_the_replicas_one_at_a_time(kube, ns, component
     assert len(live) == 2 and not first & {ko.meta(p)["name"] for p in live}
     assert {p["spec"]["containers"][0]["image"] for p in live} == {"reamer/inference:fixed"}
     assert s.backend.counts["rollouts"] == 2
+    # an image that does not pull: its first successor is given up, and the rollout pauses there
+    svc = kube.get(custom("inferenceservices", ns, "vgg"))
+    svc["spec"]["template"]["spec"]["containers"][0]["image"] = "reamer/inference:typo"
+    kube.replace(custom("inferenceservices", ns, "vgg"), svc)
+    s.round()
+    [bad] = [p for p in replica_pods(kube, ns, "vgg") if p["spec"]["containers"][0]["image"].endswith("typo")]
+    kube.merge_patch(pods(ns, ko.meta(bad)["name"], "status"), {"status": {"phase": "Pending", "containerStatuses": [{
+        "name": "serve", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}]}})
+    for _ in range(4):
+        s.round()
+        kubelet.sync()
+    live = [p for p in replica_pods(kube, ns, "vgg") if not ko.deleting(p)]
+    assert {p["spec"]["containers"][0]["image"] for p in live} == {"reamer/inference:fixed"} and len(live) == 2
+    assert (s.backend.counts["rollouts"], s.backend.counts["moves_given_up"]) == (3, 1)
 
 
 def test_a_service_created_again_under_its_name_does_not_adopt_the_old_ones_replicas(kube, ns, components):

@@ -21,8 +21,15 @@ def _c(cpu=None, mem=None, gpu=None, limits=False):
     # the larger of Σ containers and the largest init container, per resource, plus the overhead
     ({"containers": [_c("1", "1Gi"), _c("1", "1Gi")], "initContainers": [_c("3", "512Mi"), _c("500m", "4Gi")],
       "overhead": {"cpu": "250m", "memory": "128Mi"}}, Resources(3.25, 4096 + 128, 0)),
+    # sidecars (restartPolicy Always) run beside the containers, and beside the init containers after them
+    ({"containers": [_c("1")], "initContainers": [{**_c("500m"), "restartPolicy": "Always"}, _c("2")]},
+     Resources(2.5, 0, 0)),
+    ({"containers": [_c("1")], "initContainers": [_c("2"), {**_c("500m"), "restartPolicy": "Always"}]},
+     Resources(2.0, 0, 0)),
+    ({"containers": [_c("1")], "initContainers": [{**_c("3"), "restartPolicy": "Always"}, _c("2")]},
+     Resources(5.0, 0, 0)),
     ({}, Resources()),
-], ids=["sum", "limits", "init-overhead", "empty"])
+], ids=["sum", "limits", "init-overhead", "sidecar-first", "sidecar-after", "big-sidecar", "empty"])
 def test_pod_requests_as_kube_scheduler_counts_them(spec, want):
     got = ko.pod_requests({"spec": spec})
     assert (got.cpu, got.mem_mib, got.gpu) == pytest.approx((want.cpu, want.mem_mib, want.gpu))
@@ -33,7 +40,8 @@ def test_slim_pod_keeps_what_placement_needs_and_nothing_else():
                         "deletionTimestamp": "2026-01-01T00:00:00Z", "labels": {"a": "b"},
                         "annotations": {"big": "x" * 10_000}, "managedFields": [{"m": 1}] * 50},
            "spec": {"nodeName": "n1", "containers": [{**_c("2", "1Gi"), "env": [{"name": "E", "value": "v"}] * 100}],
-                    "initContainers": [_c("4")], "overhead": {"cpu": "100m"}, "volumes": [{"name": "v"}] * 20},
+                    "initContainers": [_c("4"), {**_c("1"), "restartPolicy": "Always"}], "overhead": {"cpu": "100m"},
+                    "volumes": [{"name": "v"}] * 20},
            "status": {"phase": "Running", "conditions": [{"type": "Ready"}] * 5}}
     slim = ko.slim_pod(pod)
     assert ko.pod_requests(slim) == ko.pod_requests(pod)

@@ -111,8 +111,8 @@ def _nodes(objs: ClusterObjects, foreign_jobs: set[str], cordoned_use: dict[str,
     for p in objs.others:
         foreign.setdefault(p["spec"]["nodeName"], []).append(p)
     for p in objs.pods:
-        node = (p.get("spec") or {}).get("nodeName")
         lb = ko.labels(p)
+        node = (p.get("spec") or {}).get("nodeName") or (ko.annotations(p).get(ko.TARGET) if ko.SERVICE in lb else None)
         if not node or ko.terminated(p):
             continue
         if not ko.is_reamer_pod(p) or lb.get(ko.JOB) in foreign_jobs:
@@ -174,8 +174,8 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
         for c in containers:
             if c.node in cordoned:
                 held[c.node] = held.get(c.node, Resources()) + c.res
-    view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held, replica_memory)), invalid=invalid, done=done,
-                        pods=_pods_by_owner(objs))
+    view = TrainingView(ClusterState(_nodes(objs, set(invalid) | going, held, replica_memory)), invalid=invalid,
+                        done=done, pods=_pods_by_owner(objs))
     for tj, spec, containers, evicting in specs:
         name, st = spec.id, tj.get("status") or {}
         epoch = int(st.get("epoch", 0))

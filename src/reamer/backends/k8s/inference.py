@@ -82,6 +82,7 @@ class K8sInference:
         self.pod_of: dict[str, str] = {}  # replica id -> pod name
         self._status: dict[str, dict] = {}  # service -> status patch to write this round
         self._expect: tuple = ()  # the joint round: training decisions about to be applied
+        self._paused: dict[str, str] = {}  # service -> the template hash its rollout paused at (soft state)
         self.counts = {"binds": 0, "bind_refused_stale": 0, "evictions": 0, "evictions_refused": 0, "migrations": 0,
                        "resizes": 0, "invalid_decisions": 0, "api_errors": 0, "moves_deferred": 0,
                        "replicas_failed": 0, "rollouts": 0, "moves_given_up": 0}
@@ -93,9 +94,13 @@ class K8sInference:
         nodes = tview.state.nodes  # the same nodes training sees (a cordoned one holds no slack)
         reports = pod_reports(objs)
         alive = [p for p in objs.pods if ko.SERVICE in ko.labels(p) and not ko.deleting(p) and not ko.terminated(p)]
-        # a successor that cannot start (an image that does not pull) does not take its predecessor's place
+        # a successor that cannot start (an image that does not pull) while its predecessor still serves:
+        # the move is given up (converge), the predecessor keeps its place
+        names = {ko.meta(p)["name"] for p in alive}
+        given_up = {ko.meta(p)["name"] for p in alive
+                    if ko.annotations(p).get(ko.REPLACES) in names and ko.stuck(p, lasting=True)}
         replaced = {ko.annotations(p)[ko.REPLACES] for p in alive
-                    if ko.REPLACES in ko.annotations(p) and not ko.stuck(p)}
+                    if ko.REPLACES in ko.annotations(p) and ko.meta(p)["name"] not in given_up}
         records, first, self.crs, self.pod_of, self._status = [], {}, {}, {}, {}
         eligible = Eligibility(objs.nodes)  # the nodes each service's pod template allows
         for isvc in objs.services:
@@ -108,7 +113,7 @@ class K8sInference:
                 self._invalid(isvc, e if isinstance(e, ko.SpecError) else ko.SpecError("InvalidSpec", str(e)), now)
                 continue
             try:
-                rec = self._record(isvc, spec, st, alive, replaced, objs, reports, now)
+                rec = self._record(isvc, spec, st, alive, replaced | given_up, objs, reports, now)
                 rec.nodes = allowed
             except (KeyError, ValueError, TypeError) as e:  # a replica pod someone edited: skip the service
                 self.counts["api_errors"] += 1
@@ -130,9 +135,9 @@ class K8sInference:
                                                   used=float(st.get("trainingUsed", 0.0)))
         return self.state.snapshot(now, usage, first)
 
-    def _record(self, isvc: dict, spec: ko.ServiceSpec, st: dict, alive: list[dict], replaced: set[str],
+    def _record(self, isvc: dict, spec: ko.ServiceSpec, st: dict, alive: list[dict], skip: set[str],
                 objs: ClusterObjects, reports, now: float) -> ServiceRecord:
-        """One service as its status and its replica pods record it."""
+        """One service as its status and its replica pods record it (but the pods in ``skip``)."""
         name, uid = spec.name, ko.meta(isvc).get("uid")
         mine = [p for p in alive if ko.labels(p)[ko.SERVICE] == name and _owner_uid(p) == uid]
         rec = ServiceRecord(name, spec.model, spec.slo_p99_s, spec.mem_mib,
@@ -143,16 +148,14 @@ class K8sInference:
         rec.next_id = max([int(st.get("nextIndex", 0)), *(i + 1 for i in idx)])
         pod_of = {}
         for p in mine:
-            if ko.meta(p)["name"] in replaced:
-                continue  # being replaced: its successor holds the booking
-            if ko.REPLACES in ko.annotations(p) and ko.stuck(p):
-                continue  # a successor that cannot start: the move is given up (converge)
+            if ko.meta(p)["name"] in skip:
+                continue  # being replaced (its successor holds the booking), or a successor given up
             r = ko.replica_of(p)
             if r.node:
                 rec.replicas[r.id] = r
                 pod_of[r.id] = ko.meta(p)["name"]
         self.pod_of.update(pod_of)
-        self._observe_window(rec, st, [ko.meta(p)["name"] for p in mine], reports, now)
+        self._observe_window(rec, st, mine, reports, now)
         self._readiness(name, st, mine, now)
         return rec
 
@@ -173,8 +176,9 @@ class K8sInference:
                 [(c.get("type"), c.get("status"), c.get("reason")) for c in conds or []]:
             self._status.setdefault(name, {})["conditions"] = want
 
-    def _observe_window(self, rec: ServiceRecord, st: dict, pod_names: list[str], reports, now: float) -> None:
-        w = service_window(pod_names, self.ns, reports)
+    def _observe_window(self, rec: ServiceRecord, st: dict, mine: list[dict], reports, now: float) -> None:
+        w = service_window([ko.meta(p)["name"] for p in mine], self.ns, reports,
+                           {ko.meta(p)["name"] for p in mine if ko.ready(p)})
         if w is None or w.at <= float(st.get("lastWindowAt", -math.inf)):
             return
         rec.observed_rates = (rec.observed_rates + [w.rate_per_s])[-2:]
@@ -271,14 +275,27 @@ class K8sInference:
                 self.counts["evictions_refused"] += 1
                 log.info("eviction of %s refused by a PodDisruptionBudget: tried again next round", name)
 
+    def _no_roll(self, sid: str, pod: dict) -> None:
+        """A successor made from the service's template could not start or failed: rolling the
+        service to that template pauses until the template changes (or the scheduler restarts),
+        instead of making one such pod after another."""
+        made = ko.annotations(pod).get(ko.TEMPLATE_HASH)
+        if made is not None and self._paused.get(sid) != made:
+            self._paused[sid] = made
+            log.warning("InferenceService %s: rolling its replicas to template %s paused: pod %s made from it "
+                        "could not start", sid, made, ko.meta(pod)["name"])
+
     def _roll(self, sid: str) -> None:
         """A replica made from an earlier version of its service's template (an edit since: a new
         image) is replaced make-before-break on its node, one per service per round, while every
         other replica of the service is Ready and no move of it is under way."""
         assert self.state is not None and self.objs is not None
         want = ko.template_hash(self.crs[sid]["spec"].get("template"))
-        mine = [p for p in self.objs.pods if ko.labels(p).get(ko.SERVICE) == sid and not ko.deleting(p)
-                and not ko.terminated(p)]
+        if self._paused.get(sid) == want:
+            return
+        uid = ko.meta(self.crs[sid]).get("uid")
+        mine = [p for p in self.objs.pods if ko.labels(p).get(ko.SERVICE) == sid and _owner_uid(p) == uid
+                and not ko.deleting(p) and not ko.terminated(p)]
         names = {ko.meta(p)["name"] for p in mine}
         if any(ko.annotations(p).get(ko.REPLACES) in names or not ko.ready(p) for p in mine):
             return  # a move under way (its predecessor still there), or a replica not Ready
@@ -358,6 +375,8 @@ class K8sInference:
                 log.warning("replica pod %s failed on %s (%s: %s): removed", ko.meta(p)["name"],
                             (p.get("spec") or {}).get("nodeName"), st.get("reason", ""), st.get("message", ""))
                 self.counts["replicas_failed"] += 1
+                if ko.REPLACES in ko.annotations(p):
+                    self._no_roll(ko.labels(p)[ko.SERVICE], p)
                 self._guard_delete(p)
                 continue
             if ko.terminated(p):
@@ -369,11 +388,13 @@ class K8sInference:
                     self.kube.delete(pods(self.ns, ko.meta(p)["name"]), uid=ko.meta(p).get("uid"))
                     continue
                 self._bind(p)
-                why = ko.stuck(p)
-                if why and ko.annotations(p).get(ko.REPLACES) in by_name:
+                why = ko.stuck(p, lasting=True)
+                pred = by_name.get(ko.annotations(p).get(ko.REPLACES, ""))
+                if why and pred is not None and not ko.deleting(pred) and not ko.terminated(pred):
                     log.warning("move of %s given up: its successor %s cannot start (%s)",
                                 ko.annotations(p)[ko.REPLACES], ko.meta(p)["name"], why[1])
                     self.counts["moves_given_up"] += 1
+                    self._no_roll(svc, p)
                     self._guard_delete(p)
                     continue
                 if not ko.ready(p):

@@ -112,17 +112,27 @@ def _container_requests(c: Obj) -> Resources:
 
 
 def pod_requests(pod: Obj) -> Resources:
-    """What a pod holds on its node, as kube-scheduler counts it: the sum of its containers'
-    requests or the largest init container's (per resource, whichever is larger), plus its
+    """What a pod holds on its node, as kube-scheduler counts it: its containers' requests plus
+    its sidecars' (init containers with ``restartPolicy: Always``), or, where larger (per
+    resource), what an init container needs beside the sidecars started before it; plus its
     ``overhead``."""
     spec = pod.get("spec") or {}
+
+    def most(a: Resources, b: Resources) -> Resources:
+        return Resources(max(a.cpu, b.cpu), max(a.mem_mib, b.mem_mib), max(a.gpu, b.gpu))
+
     total = sum((_container_requests(c) for c in spec.get("containers") or []), Resources())
+    sidecars = init = Resources()
     for c in spec.get("initContainers") or []:
         r = _container_requests(c)
-        total = Resources(max(total.cpu, r.cpu), max(total.mem_mib, r.mem_mib), max(total.gpu, r.gpu))
+        if c.get("restartPolicy") == "Always":
+            total, sidecars = total + r, sidecars + r
+            init = most(init, sidecars)
+        else:
+            init = most(init, r + sidecars)
     over = spec.get("overhead") or {}
-    return total + Resources(quantity(over.get("cpu", 0), "pod cpu overhead"),
-                             quantity(over.get("memory", 0), "pod memory overhead") / 2**20, 0.0)
+    return most(total, init) + Resources(quantity(over.get("cpu", 0), "pod cpu overhead"),
+                                         quantity(over.get("memory", 0), "pod memory overhead") / 2**20, 0.0)
 
 
 def slim_pod(pod: Obj) -> Obj:
@@ -133,7 +143,8 @@ def slim_pod(pod: Obj) -> Obj:
     keep = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
 
     def res(cs):
-        return [{"resources": c.get("resources") or {}} for c in cs or []]
+        return [{"resources": c.get("resources") or {}, **({"restartPolicy": c["restartPolicy"]}
+                                                           if "restartPolicy" in c else {})} for c in cs or []]
 
     return {"metadata": {k: m[k] for k in keep if k in m},
             "spec": {"nodeName": spec.get("nodeName"), "containers": res(spec.get("containers")),
@@ -329,13 +340,18 @@ STUCK = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "Crea
                    "CreateContainerError", "RunContainerError", "CrashLoopBackOff"})
 
 
-def stuck(pod: Obj) -> tuple[str, str] | None:
+# of those, the ones the kubelet has already retried (a first failed pull or create may clear by itself)
+LASTING = frozenset({"ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CrashLoopBackOff"})
+
+
+def stuck(pod: Obj, lasting: bool = False) -> tuple[str, str] | None:
     """(reason, message) of the first container of ``pod`` (init containers first) waiting for a
-    reason in :data:`STUCK`; None when none is."""
+    reason in :data:`STUCK` (``lasting``: in :data:`LASTING`); None when none is."""
     st = pod.get("status") or {}
+    reasons = LASTING if lasting else STUCK
     for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
         w = (cs.get("state") or {}).get("waiting") or {}
-        if w.get("reason") in STUCK:
+        if w.get("reason") in reasons:
             why = w.get("message") or w["reason"]
             return w["reason"], f"pod {meta(pod).get('name')} container {cs.get('name')}: {why}"
     return None

@@ -15,7 +15,7 @@ either side, or a restart of either, loses nothing. Inference servers export
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from reamer.backends.k8s.cluster import ClusterObjects
@@ -121,21 +121,24 @@ class ServiceWindow:
     p99_s: float | None  # the largest replica p99 (a conservative merge); None when nothing was served
 
 
-def service_window(pod_names: list[str], namespace: str, reports: dict[str, PodReport]) -> ServiceWindow | None:
-    """The service's window from its replicas' reports. A replica whose report has no request
-    rate (its first scrape, a scrape that failed before, a server that is down) is not a
-    replica serving nothing: the rate is the others' scaled to every replica (a Service spreads
-    requests evenly), and no replica with a rate is no window (None), not a window of no load. A
-    report older than two of the newest report's windows (its node's agent stopped) is such a
-    replica too: its last rate and p99 are not this window's."""
-    rs = [reports[k] for n in pod_names if (k := f"{namespace}/{n}") in reports]
+def service_window(pod_names: list[str], namespace: str, reports: dict[str, PodReport],
+                   ready: Collection[str]) -> ServiceWindow | None:
+    """The service's window from its replicas' reports. A Ready replica whose report has no
+    request rate (its first scrape after a restart of the agent or the server, a scrape that
+    failed before) is not a replica serving nothing: the rate is the measured ones' scaled to
+    every replica serving (a Service spreads requests evenly over the Ready ones); a replica not
+    Ready and without a rate serves nothing. No replica with a rate is no window (None), not a
+    window of no load. A report older than two of the newest report's windows (its node's
+    agent stopped) has no rate, and its p99 is not this window's."""
+    rs = {n: reports[k] for n in pod_names if (k := f"{namespace}/{n}") in reports}
     if not rs:
         return None
-    newest = max(rs, key=lambda r: r.reported_at)
-    current = [r for r in rs if r.reported_at >= newest.reported_at - 2 * max(newest.window_s, 1.0)]
-    rates = [x for r in current if (x := r.metric(REQUESTS + ":rate")) is not None]
-    if not rates:
+    newest = max(rs.values(), key=lambda r: r.reported_at)
+    current = {n: r for n, r in rs.items() if r.reported_at >= newest.reported_at - 2 * max(newest.window_s, 1.0)}
+    rated = {n: x for n, r in current.items() if (x := r.metric(REQUESTS + ":rate")) is not None}
+    if not rated:
         return None
-    rate = sum(rates) * len(rs) / len(rates)
-    p99s = [p for r in current if (p := r.metric(LATENCY + ":p99")) is not None]
+    serving = set(rated) | {n for n in rs if n in ready}
+    rate = sum(rated.values()) * len(serving) / len(rated)
+    p99s = [p for r in current.values() if (p := r.metric(LATENCY + ":p99")) is not None]
     return ServiceWindow(newest.reported_at, rate, max(p99s) if p99s else None)

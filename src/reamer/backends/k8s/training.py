@@ -88,6 +88,7 @@ class K8sTraining:
         self._seen: dict[str, float] = {}  # job uid -> newest report already turned into a policy sample
         self._stale: set[str] = set()  # this round: jobs whose status write failed (left alone until re-read)
         self._failed: dict[str, str] = {}  # this round: jobs past their backoffLimit -> why
+        self._services: set[str] = set()  # job uids whose own headless Service was seen (checked again on pod creation)
         self.counts = {"conflicts": 0, "invalid_decisions": 0, "pods_created": 0, "pods_deleted": 0,
                        "resizes": 0, "recreates": 0, "api_errors": 0}
 
@@ -118,10 +119,11 @@ class K8sTraining:
             self.counters[jid] = counters
             if tel is not None:
                 self._seen[uid] = newest_report(cont, view.pod_names, self.ns, reports)
-            failed = self._over_backoff(jid)
+            done = samples >= j.spec.samples or self._workers_succeeded(jid, view)
+            failed = "" if done else self._over_backoff(jid)
             if failed:
                 self._failed[jid] = failed
-            if failed or samples >= j.spec.samples or self._workers_succeeded(jid, view):
+            if done or failed:
                 try:
                     self._commit({jid: [view.state.finish(jid, now)]}, now)
                 except Exception:  # one job's trouble is not every job's
@@ -341,10 +343,13 @@ class K8sTraining:
         existing = {ko.meta(p)["name"]: p for p in self._pods_of(tj)}
         desired = {view.pod_names[c.id]: c for c in j.containers.values()} if j.state is JobState.RUNNING else {}
         for name, p in existing.items():
-            if name not in desired and not ko.deleting(p):
-                self._delete(p)
+            if name not in desired and not ko.deleting(p) and (desired or not ko.terminated(p)):
+                self._delete(p)  # (a job stopped keeps its ended pods, for their logs)
         if not desired:
             return
+        ensured = ko.meta(tj).get("uid") not in self._services
+        if ensured:
+            self._ensure_service(tj)  # each round until this job's own Service is there
         older = any(ko.labels(p).get(ko.EPOCH) != str(epoch) for p in existing.values())
         busy = {ko.labels(p).get(ko.CONTAINER) for n, p in existing.items() if n not in desired}
         since = j.last_change_s if j.last_change_s is not None else now
@@ -373,8 +378,9 @@ class K8sTraining:
                 continue
             if older or ko.short(c.id) in busy:
                 continue  # the old incarnation checkpoints and goes first
-            if not created and refused is None:
-                self._ensure_service(tj)  # every round pods are created in: a Service deleted since comes back
+            if not ensured:
+                ensured = True
+                self._ensure_service(tj)  # and in every round pods are created in: one deleted since comes back
             pod = ko.training_pod(tj, j.spec, c, list(j.containers.values()), epoch, name)
             try:
                 new = self.kube.create(pods(self.ns), pod)
@@ -462,7 +468,10 @@ class K8sTraining:
         return True
 
     def _ensure_service(self, tj: dict) -> None:
+        """Create the job's headless Service; remember (by job uid) that it is there, once it is
+        this job's own."""
         uid = ko.meta(tj).get("uid", "")
+        self._services.discard(uid)
         name = ko.meta(tj)["name"]
         try:
             self.kube.create(services(self.ns), ko.headless_service(tj))
@@ -477,6 +486,8 @@ class K8sTraining:
             if uid not in owners:
                 log.info("job %s: Service %s belongs to another object (%s); tried again next round", name, name,
                          ", ".join(sorted(o for o in owners if o)) or "no owner")
+                return
+        self._services.add(uid)
 
     def _delete(self, pod: dict) -> None:
         m = ko.meta(pod)
