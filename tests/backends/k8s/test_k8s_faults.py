@@ -270,6 +270,34 @@ def test_an_edited_template_reaches_the_pods(kube, ns, controller):
     assert kube.get(custom("trainingjobs", ns, "edit"))["status"]["epoch"] == 2  # and it stays there
 
 
+@pytest.mark.parametrize("fallback", ["RestartJob", "RecreatePod"])
+def test_a_pod_deleted_by_hand_is_replaced_by_the_jobs_fallback(kube, ns, controller, fallback):
+    """``kubectl delete pod`` on a worker: a PS job's cluster spec is fixed, so by default the whole
+    job restarts from its checkpoint in a new epoch (not the one pod alone, whose PS shards would be
+    at another step); with RecreatePod that pod alone comes back under a new name."""
+    make_node(kube, "node-a", 32)
+    kube.create(custom("trainingjobs", ns), training_job("gone", ps=1, workers=2, resizeFallback=fallback))
+    c = controller(policy="static")
+    kubelet = Kubelet(kube, ns)
+    for _ in range(2):
+        c.round()
+        kubelet.sync()
+    assert kube.get(custom("trainingjobs", ns, "gone"))["status"]["createdEpoch"] == 1
+    w = next(p for p in job_pods(kube, ns, "gone") if ko.labels(p)[ko.ROLE] == "worker")
+    kube.delete(pods(ns, ko.meta(w)["name"]), grace_s=0)
+    for _ in range(3):
+        c.round()
+        kubelet.sync()
+    st = kube.get(custom("trainingjobs", ns, "gone"))["status"]
+    live = sorted(ko.meta(p)["name"] for p in job_pods(kube, ns, "gone"))
+    assert live == sorted(x["pod"] for x in st["containers"]) and len(live) == 3
+    if fallback == "RestartJob":
+        assert st["epoch"] == 2 and all(n.endswith("-e2") for n in live)
+    else:
+        assert st["epoch"] == 1 and f"{ko.meta(w)['name']}-r1" in live
+    assert st.get("failures", 0) == 0  # someone's deletion is not the job's failure
+
+
 def test_a_deleted_headless_service_comes_back_with_the_next_pods(kube, ns, controller):
     c, kubelet = _running(kube, ns, controller, "dns", workers=1, cores=32)
     kube.delete(services(ns, "dns"))

@@ -221,7 +221,8 @@ class K8sTraining:
             view.epochs[jid] = epoch
             self.fault("after-status")
 
-    def _status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float, failed: bool = False) -> dict:
+    def _status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float, failed: bool = False,
+                renamed: bool = False) -> dict:
         view = self.view
         assert view is not None
         old = (view.crs[jid].get("status") or {})
@@ -235,6 +236,8 @@ class K8sTraining:
               "observedGeneration": ko.meta(view.crs[jid]).get("generation", 0)}
         if failed:  # a failed pod is being replaced
             st["failures"] = int(old.get("failures", 0)) + 1
+        if renamed:  # a pod of this epoch is to be created under a new name
+            st["createdEpoch"] = epoch - 1
         for k, v in (("startedAt", j.started_s), ("lastChangeAt", j.last_change_s), ("finishedAt", j.finished_s)):
             if v is not None:
                 st[k] = v
@@ -251,11 +254,12 @@ class K8sTraining:
                                                 "Failed", True, "BackoffLimitExceeded", why, now)
         return st
 
-    def _write_status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float, failed: bool = False) -> bool:
+    def _write_status(self, jid: str, j: JobRecord, epoch: int, phase: str, now: float, failed: bool = False,
+                      renamed: bool = False) -> bool:
         view = self.view
         assert view is not None
         cr = dict(view.crs[jid])
-        cr["status"] = self._status(jid, j, epoch, phase, now, failed)
+        cr["status"] = self._status(jid, j, epoch, phase, now, failed, renamed)
         try:
             new = self.kube.replace(custom("trainingjobs", self.ns, jid, "status"), cr)
         except ApiError as e:
@@ -378,6 +382,11 @@ class K8sTraining:
                 continue
             if older or ko.short(c.id) in busy:
                 continue  # the old incarnation checkpoints and goes first
+            if int((tj.get("status") or {}).get("createdEpoch", 0)) == epoch:  # it was there: deleted since
+                log.warning("job %s: pod %s is gone (deleted): replacing it", jid, name)
+                if self._replace(jid, j, epoch, {"metadata": {"name": name}}, c, now):
+                    return
+                continue
             if not ensured:
                 ensured = True
                 self._ensure_service(tj)  # and in every round pods are created in: one deleted since comes back
@@ -408,9 +417,15 @@ class K8sTraining:
         running = len(mine) == len(desired) and all((p.get("status") or {}).get("phase") == "Running" for p in mine)
         reason, msg = problem or (("Running", "") if running else ("Starting", "not every pod is running yet"))
         want = ko.set_condition(want, "PodsReady", problem is None and running, reason, msg, now)
+        patch: dict = {}
         if [(c["type"], c["status"], c.get("reason")) for c in want] != \
                 [(c.get("type"), c.get("status"), c.get("reason")) for c in conds or []]:
-            self._merge_status(jid, {"conditions": want})
+            patch["conditions"] = want
+        renamed = any(view.pod_names[c.id] != name for name, c in desired.items())  # a pod recreated this round
+        if len(mine) == len(desired) and not renamed and int((tj.get("status") or {}).get("createdEpoch", 0)) != epoch:
+            patch["createdEpoch"] = epoch  # every pod of the epoch was created: one missing later was deleted
+        if patch:
+            self._merge_status(jid, patch)
 
     @staticmethod
     def _outdated(tj: dict, pod: dict, c) -> bool:
@@ -455,7 +470,7 @@ class K8sTraining:
             # this pod alone, under a new name recorded first; the next converge deletes the old one
             m = re.search(r"-r(\d+)$", name)
             view.pod_names[c.id] = f"{default_pod_name(c, epoch)}-r{int(m.group(1)) + 1 if m else 1}"
-            if self._write_status(jid, j, epoch, "Running", now, failed):
+            if self._write_status(jid, j, epoch, "Running", now, failed, renamed=True):
                 self._delete(pod)
                 self.fault("resize-recreate")
             return False
