@@ -135,6 +135,16 @@ class Kubelet:
         self.kube.merge_patch(pods(self.ns, name, "status"), {"status": {"phase": "Succeeded"}})
 
 
+def container_waiting(kube: Kube, ns: str, pod: str, container: str, reason: str, message: str = "",
+                      restarts: int = 0, last: dict | None = None, phase: str | None = None) -> None:
+    """As the kubelet reports a container that waits (an image pull, a crash loop): ``reason``
+    and ``message``, its ``restarts`` and its ``last`` termination."""
+    st = {"containerStatuses": [{"name": container, "image": "x", "imageID": "", "ready": False,
+                                 "restartCount": restarts, "state": {"waiting": {"reason": reason, "message": message}},
+                                 "lastState": {"terminated": last} if last else {}}]}
+    kube.merge_patch(pods(ns, pod, "status"), {"status": {**st, **({"phase": phase} if phase else {})}})
+
+
 def publish_slack(kube: Kube, node: str, *, reported_at: float, window_s: float = 5.0, pods_: list[dict] = (),
                   cores: float = 16.0, training_need: float = 0.0) -> None:
     """A NodeSlack as the agent would publish it."""

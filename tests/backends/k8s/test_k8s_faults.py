@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from conftest import Kubelet, make_node, publish_slack
+from conftest import Kubelet, container_waiting, make_node, publish_slack
 from test_k8s_controller import job_pods, training_job
-from test_k8s_scheduler import fresh, inference_service, replica_pods
+from test_k8s_scheduler import fresh, inference_service, replica_pods, serving
 from reamer.backends.k8s import objects as ko
 from reamer.backends.k8s.agent import summarize
 from reamer.backends.k8s.kube import Reflector, custom, nodes, pods, services
@@ -318,10 +318,8 @@ def test_a_crash_looping_or_unpullable_pod_is_said_and_a_crash_loop_counts_again
     ps, w = sorted(job_pods(kube, ns, "loop"), key=lambda p: ko.labels(p)[ko.ROLE])
 
     def container(pod, restarts, waiting):
-        kube.merge_patch(pods(ns, ko.meta(pod)["name"], "status"), {"status": {"containerStatuses": [{
-            "name": "train", "image": "reamer/ps-training", "imageID": "", "ready": False, "restartCount": restarts,
-            "state": {"waiting": {"reason": waiting, "message": f"the kubelet says {waiting}"}},
-            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}} if restarts else {}}]}})
+        container_waiting(kube, ns, ko.meta(pod)["name"], "train", waiting, f"the kubelet says {waiting}", restarts,
+                          {"exitCode": 137, "reason": "OOMKilled"} if restarts else None)
 
     container(ps, 0, "ImagePullBackOff")
     c.round()
@@ -366,14 +364,7 @@ def test_a_pod_the_api_server_refuses_is_said_on_the_job(kube, ns, controller):
 def test_a_move_whose_new_replica_cannot_start_is_given_up(kube, ns, components):
     """The new replica of a migration does not pull its image: the move is given up (the new pod
     removed), and the old replica, still serving, counts again."""
-    for n in ("gpu-a", "gpu-b"):
-        make_node(kube, n, 16)
-    fresh(kube, "gpu-a", "gpu-b")
-    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
-    s = components("scheduler")
-    s.round()
-    kubelet = Kubelet(kube, ns)
-    kubelet.sync()
+    s, kubelet = serving(kube, ns, components, ("gpu-a", "gpu-b"))
     [a] = replica_pods(kube, ns, "vgg")
     to = "gpu-b" if a["spec"]["nodeName"] == "gpu-a" else "gpu-a"
     s.inf.sync()
@@ -383,9 +374,7 @@ def test_a_move_whose_new_replica_cannot_start_is_given_up(kube, ns, components)
     [b] = [p for p in replica_pods(kube, ns, "vgg") if ko.meta(p)["name"] != ko.meta(a)["name"]]
 
     def waiting(reason):
-        kube.merge_patch(pods(ns, ko.meta(b)["name"], "status"), {"status": {"phase": "Pending", "containerStatuses": [{
-            "name": "serve", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
-            "state": {"waiting": {"reason": reason, "message": "pull access denied"}}}]}})
+        container_waiting(kube, ns, ko.meta(b)["name"], "serve", reason, "pull access denied", phase="Pending")
 
     waiting("ErrImagePull")  # a first failed pull may clear by itself: the move goes on
     s.inf.sync()
@@ -405,14 +394,9 @@ def test_a_move_whose_new_replica_cannot_start_is_given_up(kube, ns, components)
 
 
 def test_a_replica_moved_again_before_its_first_move_finished_does_not_come_back(kube, ns, components):
-    for n in ("gpu-a", "gpu-b", "gpu-c"):
+    for n in ("gpu-b", "gpu-c"):
         make_node(kube, n, 16)
-    fresh(kube, "gpu-a")
-    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
-    s = components("scheduler")
-    s.round()
-    kubelet = Kubelet(kube, ns)
-    kubelet.sync()
+    s, kubelet = serving(kube, ns, components, ("gpu-a",))
     [a] = replica_pods(kube, ns, "vgg")
     fresh(kube, "gpu-a", "gpu-b", "gpu-c")
     for to in ("gpu-b", "gpu-c"):  # A → B, then B → C while B is not yet Ready

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import Kubelet, make_node, publish_slack
+from conftest import Kubelet, container_waiting, make_node, publish_slack
 from test_k8s_controller import job_pods, training_job
 
 from reamer.backends.k8s import objects as ko
@@ -30,6 +30,20 @@ def replica_pods(kube, ns, svc=None):
 def fresh(kube, *names, cores=16.0):
     for n in names:
         publish_slack(kube, n, reported_at=time.time(), cores=cores)
+
+
+def serving(kube, ns, components, node_names, **spec):
+    """Service ``vgg`` placed by a scheduler on fresh 16-core nodes, its replicas Ready: the
+    scheduler and the stand-in kubelet."""
+    for n in node_names:
+        make_node(kube, n, 16)
+    fresh(kube, *node_names)
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0, **spec))
+    s = components("scheduler")
+    s.round()
+    kubelet = Kubelet(kube, ns)
+    kubelet.sync()
+    return s, kubelet
 
 
 def test_inference_pods_are_bound_only_where_an_agent_reports_slack(kube, ns, components):
@@ -241,13 +255,7 @@ def test_one_process_joint_round_moves_inference_in_the_round_training_grows(kub
 def test_a_replica_that_cannot_start_is_said_and_a_failed_one_is_replaced(kube, ns, components):
     """A replica whose image does not pull sets ``ReplicasReady`` False with the kubelet's
     reason; one the kubelet rejected (phase Failed) is removed and another takes its place."""
-    make_node(kube, "gpu-a", 16)
-    fresh(kube, "gpu-a")
-    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
-    s = components("scheduler")
-    s.round()
-    kubelet = Kubelet(kube, ns)
-    kubelet.sync()
+    s, kubelet = serving(kube, ns, components, ("gpu-a",))
     s.round()
 
     def cond():
@@ -258,9 +266,7 @@ def test_a_replica_that_cannot_start_is_said_and_a_failed_one_is_replaced(kube, 
     assert cond()[:2] == ("True", "AllReady")
     first, *_ = replica_pods(kube, ns, "vgg")
     name = ko.meta(first)["name"]
-    kube.merge_patch(pods(ns, name, "status"), {"status": {"containerStatuses": [{
-        "name": "serve", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
-        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image x"}}}]}})
+    container_waiting(kube, ns, name, "serve", "ImagePullBackOff", "Back-off pulling image x")
     s.round()
     assert cond() == ("False", "ImagePullBackOff", f"pod {name} container serve: Back-off pulling image x")
     before = len(replica_pods(kube, ns, "vgg"))
@@ -309,9 +315,7 @@ def test_an_edited_template_rolls_the_replicas_one_at_a_time(kube, ns, component
     kube.replace(custom("inferenceservices", ns, "vgg"), svc)
     s.round()
     [bad] = [p for p in replica_pods(kube, ns, "vgg") if p["spec"]["containers"][0]["image"].endswith("typo")]
-    kube.merge_patch(pods(ns, ko.meta(bad)["name"], "status"), {"status": {"phase": "Pending", "containerStatuses": [{
-        "name": "serve", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
-        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}]}})
+    container_waiting(kube, ns, ko.meta(bad)["name"], "serve", "ImagePullBackOff", "not found", phase="Pending")
     for _ in range(4):
         s.round()
         kubelet.sync()
