@@ -310,6 +310,19 @@ def test_a_deleted_headless_service_comes_back_with_the_next_pods(kube, ns, cont
     assert svc["metadata"]["ownerReferences"][0]["name"] == "dns"
 
 
+def test_a_full_service_quota_does_not_stop_a_restarted_controller(kube, ns, controller):
+    """The namespace's Service quota is used up (the job's own Service among them): a restarted
+    controller's create of that Service is refused (403: the quota is checked before the name),
+    and it still replaces the job's failed pod."""
+    c, kubelet = _running(kube, ns, controller, "quota", workers=1, cores=32)
+    _quota(kube, ns, {"services": "1"})
+    c.stop()
+    c = controller(policy="static")  # a restart: it does not know the Service is there
+    _fail(kube, ns, "quota")
+    c.round()
+    assert kube.get(custom("trainingjobs", ns, "quota"))["status"]["epoch"] == 2
+
+
 def test_a_crash_looping_or_unpullable_pod_is_said_and_a_crash_loop_counts_against_the_limit(kube, ns, controller):
     c, kubelet = _running(kube, ns, controller, "loop", workers=1, cores=32)
     c.round()
@@ -340,15 +353,20 @@ def test_a_crash_looping_or_unpullable_pod_is_said_and_a_crash_loop_counts_again
     assert "7 container restarts" in msg and "OOMKilled (exit code 137)" in msg, msg
 
 
+def _quota(kube, ns, hard, name="quota"):
+    """A ResourceQuota, once the quota controller has counted what it covers."""
+    kube.create(f"/api/v1/namespaces/{ns}/resourcequotas", {"metadata": {"name": name}, "spec": {"hard": hard}})
+    deadline = time.time() + 30
+    while set((kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/{name}").get("status") or {}).get("used") or {}) \
+            != set(hard):
+        assert time.time() < deadline, "the quota controller never counted the quota"
+        time.sleep(0.2)
+
+
 def test_a_pod_the_api_server_refuses_is_said_on_the_job(kube, ns, controller):
     """A ResourceQuota of one pod: the gang's other pods are refused (403); the job says so and
     the pods are created once the quota allows them."""
-    quota = {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
-    kube.create(f"/api/v1/namespaces/{ns}/resourcequotas", quota)
-    deadline = time.time() + 30
-    while not (kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/one-pod").get("status") or {}).get("hard"):
-        assert time.time() < deadline, "the quota controller never filled the quota's status"
-        time.sleep(0.2)
+    _quota(kube, ns, {"pods": "1"}, "one-pod")
     make_node(kube, "node-a", 32)
     kube.create(custom("trainingjobs", ns), training_job("quota", ps=1, workers=2))
     c = controller(policy="static")

@@ -88,6 +88,7 @@ class K8sTraining:
         self._seen: dict[str, float] = {}  # job uid -> newest report already turned into a policy sample
         self._stale: set[str] = set()  # this round: jobs whose status write failed (left alone until re-read)
         self._failed: dict[str, str] = {}  # this round: jobs past their backoffLimit -> why
+        self._warned_crd = False
         self._services: set[str] = set()  # job uids whose own headless Service was seen (checked again on pod creation)
         self.counts = {"conflicts": 0, "invalid_decisions": 0, "pods_created": 0, "pods_deleted": 0,
                        "resizes": 0, "recreates": 0, "api_errors": 0}
@@ -274,15 +275,17 @@ class K8sTraining:
         self.informers.put("jobs", new)
         return True
 
-    def _merge_status(self, jid: str, patch: dict) -> None:
+    def _merge_status(self, jid: str, patch: dict) -> bool:
         try:
             new = self.kube.merge_patch(custom("trainingjobs", self.ns, jid, "status"), {"status": patch})
             self.informers.put("jobs", new)
             if self.view is not None and jid in self.view.crs:
                 self.view.crs[jid] = new
+            return True
         except ApiError as e:
             self.counts["api_errors"] += 1
             log.warning("status of %s: %s", jid, e)
+            return False
 
     def _mark_invalid(self, name: str, err: ko.SpecError, now: float) -> None:
         tj = next(o for o in (self.objs.jobs if self.objs else []) if ko.meta(o)["name"] == name)
@@ -424,8 +427,12 @@ class K8sTraining:
         renamed = any(view.pod_names[c.id] != name for name, c in desired.items())  # a pod recreated this round
         if len(mine) == len(desired) and not renamed and int((tj.get("status") or {}).get("createdEpoch", 0)) != epoch:
             patch["createdEpoch"] = epoch  # every pod of the epoch was created: one missing later was deleted
-        if patch:
-            self._merge_status(jid, patch)
+        if patch and self._merge_status(jid, patch):
+            if "createdEpoch" in patch and "createdEpoch" not in (view.crs[jid].get("status") or {}) \
+                    and not self._warned_crd:
+                self._warned_crd = True  # the server dropped it: its CRD is older than this controller
+                log.warning("the TrainingJob CRD has no status.createdEpoch: run `reamer k8s install-crds` (a deleted "
+                            "pod is not told from one never created until then)")
 
     @staticmethod
     def _outdated(tj: dict, pod: dict, c) -> bool:
@@ -470,8 +477,8 @@ class K8sTraining:
             # this pod alone, under a new name recorded first; the next converge deletes the old one
             m = re.search(r"-r(\d+)$", name)
             view.pod_names[c.id] = f"{default_pod_name(c, epoch)}-r{int(m.group(1)) + 1 if m else 1}"
-            if self._write_status(jid, j, epoch, "Running", now, failed, renamed=True):
-                self._delete(pod)
+            if self._write_status(jid, j, epoch, "Running", now, failed, renamed=True) and ko.meta(pod).get("uid"):
+                self._delete(pod)  # (a pod already gone has none)
                 self.fault("resize-recreate")
             return False
         # the whole job restarts from its checkpoint in a new epoch (a PS job's cluster spec is fixed)
@@ -484,23 +491,27 @@ class K8sTraining:
 
     def _ensure_service(self, tj: dict) -> None:
         """Create the job's headless Service; remember (by job uid) that it is there, once it is
-        this job's own."""
+        this job's own. Never raises: the pods go on without it, and it is tried again."""
         uid = ko.meta(tj).get("uid", "")
         self._services.discard(uid)
         name = ko.meta(tj)["name"]
         try:
             self.kube.create(services(self.ns), ko.headless_service(tj))
         except ApiError as e:
-            if e.status != 409:
-                raise
-            # a Service of that name exists: this job's (a restarted controller), or an earlier
-            # job's of the same name that the garbage collector has not removed yet (or someone
-            # else's): only this job's own counts, the others are tried again next round
-            svc = self.kube.get_or_none(services(self.ns, name)) or {}
+            # one of that name exists (409; a quota is checked first: 403): this job's (a restarted
+            # controller), an earlier job's of the same name not yet collected, someone else's
+            try:
+                svc = self.kube.get_or_none(services(self.ns, name)) or {}
+            except ApiError:
+                svc = {}
             owners = {r.get("uid") for r in ko.meta(svc).get("ownerReferences") or []}
             if uid not in owners:
-                log.info("job %s: Service %s belongs to another object (%s); tried again next round", name, name,
-                         ", ".join(sorted(o for o in owners if o)) or "no owner")
+                if e.status == 409:
+                    log.info("job %s: Service %s belongs to another object (%s); tried again next round", name,
+                             name, ", ".join(sorted(o for o in owners if o)) or "no owner")
+                else:
+                    self.counts["api_errors"] += 1
+                    log.warning("job %s: its headless Service is not created (%s); tried again next round", name, e)
                 return
         self._services.add(uid)
 
