@@ -161,7 +161,7 @@ def controller(kubeconfig: Kubeconfig = None, namespace: Namespace = "default", 
                    help="also run this harvesting policy in the same process (joint rounds; no separate "
                         "scheduler)")] = None,
                yield_timeout: Annotated[float, typer.Option(min=0.0, help="seconds a grown pod waits for inference to "
-                                                                 "leave its node")] = 60.0,
+                                                                 "leave its node before evicting it")] = 60.0,
                stale: Stale = 30.0, max_moves: MaxMoves = 5,
                metrics_port: MetricsPort = None, metrics_host: MetricsHost = "127.0.0.1",
                dashboard_port: DashboardPort = None,

@@ -52,6 +52,7 @@ NEEDS: dict[str, dict[tuple[str, str], Need | list[Need]]] = {
         (R, "trainingjobs/status"): ("ns", ("update", "patch")),
         ("", "pods"): [("all", ("list", "watch")), ("ns", ("create", "delete"))],
         ("", "pods/resize"): ("ns", ("patch",)),
+        ("", "pods/eviction"): ("ns", ("create",)),
         ("", "services"): ("ns", ("get", "create")),
     },
     "scheduler": {
@@ -582,6 +583,10 @@ REPLAYED = [  # (module, test, its keyword arguments beyond kube / ns / componen
 
 # Requests the replays do not send, and why; the matrix above still checks they are allowed.
 UNEXERCISED = {
+    "controller": {
+        ("create", "", "pods/eviction", NS): "evicts inference pods still in a job's way after --yield-timeout "
+                                             "(test_k8s_scheduler, run as admin)",
+    },
     "scheduler": {
         ("get", "", "pods", NS): "re-reads a replica pod whose create answered 409: a scheduler restarted between "
                                  "create and bind (test_k8s_restart's after-create, run as admin)",

@@ -129,6 +129,43 @@ def test_growing_training_moves_inference_first_make_before_break(kube, ns, comp
     assert any(c["type"] == "WaitingForInference" and c["status"] == "False" for c in st["conditions"])
 
 
+def test_inference_that_has_not_moved_by_the_yield_timeout_is_evicted(kube, ns, components):
+    """The scheduler is down: training grows where a replica runs, waits its yield time-out, then
+    evicts the replica (a PodDisruptionBudget holds it until it is gone) and takes its cores once
+    the pod has gone; it never creates a pod the kubelet would refuse beside it."""
+    make_node(kube, "gpu-a", 16)
+    fresh(kube, "gpu-a")
+    kube.create(custom("trainingjobs", ns), training_job("grow", ps=1, workers=1, cpu="2"))
+    ctl = components("controller", policy="static", yield_timeout_s=0.0)
+    kubelet = Kubelet(kube, ns)
+    ctl.round()
+    kubelet.sync()
+    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
+    sch = components("scheduler")
+    sch.round()
+    kubelet.sync()
+    [rep] = replica_pods(kube, ns, "vgg")
+    pdbs = f"/apis/policy/v1beta1/namespaces/{ns}/poddisruptionbudgets"
+    kube.create(pdbs, {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": "vgg"},
+                       "spec": {"minAvailable": 1, "selector": {"matchLabels": {"reamer.io/service": "vgg"}}}})
+    ctl.inf.sync()
+    ctl.backend.observe(time.time())
+    worker = next(cid for cid in ctl.backend.view.state.owner if "/worker" in cid)
+    ctl.backend.actuate([Resize(worker, Resources(13.0, 2048.0))], time.time())  # the scheduler never runs again
+    assert ctl.backend.counts["evictions_refused"] == 1 and not ko.deleting(kube.get(pods(ns, ko.meta(rep)["name"])))
+    [wpod] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
+    assert ko.pod_cpu_limit(wpod) == 2.0  # it waits: a 13-core pod beside the replica would be refused
+    kube.delete(f"{pdbs}/vgg")
+    ctl.round()
+    assert ctl.backend.counts["inference_evicted"] == 1 and ko.deleting(kube.get(pods(ns, ko.meta(rep)["name"])))
+    for _ in range(3):
+        kubelet.sync()
+        ctl.round()
+    [wpod] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
+    assert ko.pod_cpu_limit(wpod) == 13.0 and wpod["spec"]["nodeName"] == "gpu-a"
+    assert ctl.backend.counts["inference_evicted"] == 1
+
+
 def test_invalid_services_get_a_condition_and_the_scheduler_keeps_serving(kube, ns, components):
     make_node(kube, "gpu-a", 16)
     fresh(kube, "gpu-a")

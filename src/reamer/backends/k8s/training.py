@@ -91,7 +91,7 @@ class K8sTraining:
         self._warned_crd = False
         self._services: set[str] = set()  # job uids whose own headless Service was seen (checked again on pod creation)
         self.counts = {"conflicts": 0, "invalid_decisions": 0, "pods_created": 0, "pods_deleted": 0,
-                       "resizes": 0, "recreates": 0, "api_errors": 0}
+                       "resizes": 0, "recreates": 0, "api_errors": 0, "inference_evicted": 0, "evictions_refused": 0}
 
     # ------------------------------------------------------------------ observe
     def observe(self, now: float) -> ClusterSnapshot:
@@ -364,8 +364,10 @@ class K8sTraining:
         for name, c in desired.items():
             node = view.state.node_by_name[c.node]
             room = node.cores - view.state.cpu_limits(c.node) - inference.get(c.node, 0.0)
-            if room < -1e-6 and now - since < self.yield_timeout_s:
-                waiting.append(c.node)  # inference moves first; the pod keeps its old shape meanwhile
+            if room < -1e-6:  # inference moves first; the pod keeps its old shape meanwhile
+                if now - since >= self.yield_timeout_s and c.node not in waiting:
+                    self._evict_inference(jid, c.node, -room)  # it has not: it is evicted
+                waiting.append(c.node)
                 continue
             p = existing.get(name)
             if p is not None and (p.get("status") or {}).get("phase") == "Failed" and not ko.deleting(p):
@@ -441,6 +443,32 @@ class K8sTraining:
         made = ko.annotations(pod).get(ko.TEMPLATE_HASH)
         role = "ps" if c.role is Role.PS else "worker"
         return made is not None and made != ko.template_hash(tj["spec"][role].get("template"))
+
+    def _evict_inference(self, jid: str, node: str, need: float) -> None:
+        """Evict (the Eviction API: PodDisruptionBudgets hold) the inference pods on ``node`` that
+        keep ``need`` cores from training past its yield time-out, largest first, but for those
+        already going; the job's pods wait until they are gone (the kubelet would refuse them)."""
+        objs = self.objs
+        assert objs is not None
+        here = [p for p in objs.pods if ko.SERVICE in ko.labels(p) and not ko.terminated(p)
+                and ((p.get("spec") or {}).get("nodeName") or ko.annotations(p).get(ko.TARGET)) == node]
+        for p in here:
+            if ko.deleting(p):
+                need -= _cores(p)
+        for p in sorted((p for p in here if not ko.deleting(p)), key=_cores, reverse=True):
+            if need <= 1e-6:
+                return
+            name = ko.meta(p)["name"]
+            try:
+                self.kube.evict(self.ns, name)
+                self.counts["inference_evicted"] += 1
+                log.warning("job %s: inference pod %s still on %s after the yield time-out: evicted", jid, name, node)
+            except ApiError as e:
+                if e.status != 429:
+                    raise
+                self.counts["evictions_refused"] += 1
+                log.info("job %s: eviction of %s refused by a PodDisruptionBudget: tried again next round", jid, name)
+            need -= _cores(p)
 
     def _resize_if_needed(self, jid: str, j: JobRecord, epoch: int, pod: dict, c, now: float) -> bool:
         """Bring ``pod`` to ``c``'s CPU: in place, else by the job's ``resizeFallback``. True when
@@ -630,3 +658,11 @@ def _why_queued(spec: TrainingJob, free: Mapping[str, Resources]) -> tuple[str, 
     return "WaitingForResources", (f"needs {need.cpu:g} cores, {need.gpu:g} GPUs, {need.mem_mib:.0f} MiB in all; "
                                    f"{where} has {most.cpu:g} cores, {most.gpu:g} GPUs free" if most
                                    else "no schedulable node")
+
+
+def _cores(pod: dict) -> float:
+    """An inference pod's cores (its annotation; 0 when someone edited it into no number)."""
+    try:
+        return float(ko.annotations(pod).get(ko.CORES, 0))
+    except ValueError:
+        return 0.0
