@@ -77,11 +77,13 @@ def test_inference_pods_are_bound_only_where_an_agent_reports_slack(kube, ns, co
     assert {ko.meta(p)["name"] for p in replica_pods(kube, ns) if p["spec"].get("nodeName")} <= before
 
 
-def test_growing_training_moves_inference_first_make_before_break(kube, ns, components):
+def _beside_a_replica(kube, ns, components, **controller):
+    """Job ``grow`` (1 PS + 1 worker of 2 cores) and a ``vgg`` replica on 16-core ``gpu-a``: the
+    controller, the scheduler, the stand-in kubelet and the replica's pod."""
     make_node(kube, "gpu-a", 16)
     fresh(kube, "gpu-a")
     kube.create(custom("trainingjobs", ns), training_job("grow", ps=1, workers=1, cpu="2"))
-    ctl = components("controller", policy="static")
+    ctl = components("controller", policy="static", **controller)
     kubelet = Kubelet(kube, ns)
     ctl.round()
     kubelet.sync()
@@ -89,16 +91,26 @@ def test_growing_training_moves_inference_first_make_before_break(kube, ns, comp
     sch = components("scheduler")
     sch.round()
     kubelet.sync()
-    [old] = replica_pods(kube, ns, "vgg")
-    assert old["spec"]["nodeName"] == "gpu-a"
+    [rep] = replica_pods(kube, ns, "vgg")
+    assert rep["spec"]["nodeName"] == "gpu-a"
+    return ctl, sch, kubelet, rep
+
+
+def _grow_worker(ctl, cores):
+    """The controller's policy grows the job's worker (the status records it first)."""
+    ctl.inf.sync()
+    ctl.backend.observe(time.time())
+    worker = next(cid for cid in ctl.backend.view.state.owner if "/worker" in cid)
+    ctl.backend.actuate([Resize(worker, Resources(cores, 2048.0))], time.time())
+
+
+def test_growing_training_moves_inference_first_make_before_break(kube, ns, components):
+    ctl, sch, kubelet, old = _beside_a_replica(kube, ns, components)
     make_node(kube, "gpu-b", 16)
     fresh(kube, "gpu-a", "gpu-b")
 
     # training decides to grow its worker to 13 cores: the status records it first
-    ctl.inf.sync()
-    ctl.backend.observe(time.time())
-    worker = next(cid for cid in ctl.backend.view.state.owner if "/worker" in cid)
-    ctl.backend.actuate([Resize(worker, Resources(13.0, 2048.0))], time.time())
+    _grow_worker(ctl, 13.0)
     tj = kube.get(custom("trainingjobs", ns, "grow"))
     [wpod] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
     assert ko.pod_cpu_limit(wpod) == 2.0, "training took the cores before inference moved"
@@ -133,25 +145,11 @@ def test_inference_that_has_not_moved_by_the_yield_timeout_is_evicted(kube, ns, 
     """The scheduler is down: training grows where a replica runs, waits its yield time-out, then
     evicts the replica (a PodDisruptionBudget holds it until it is gone) and takes its cores once
     the pod has gone; it never creates a pod the kubelet would refuse beside it."""
-    make_node(kube, "gpu-a", 16)
-    fresh(kube, "gpu-a")
-    kube.create(custom("trainingjobs", ns), training_job("grow", ps=1, workers=1, cpu="2"))
-    ctl = components("controller", policy="static", yield_timeout_s=0.0)
-    kubelet = Kubelet(kube, ns)
-    ctl.round()
-    kubelet.sync()
-    kube.create(custom("inferenceservices", ns), inference_service("vgg", rate=20.0))
-    sch = components("scheduler")
-    sch.round()
-    kubelet.sync()
-    [rep] = replica_pods(kube, ns, "vgg")
+    ctl, _, kubelet, rep = _beside_a_replica(kube, ns, components, yield_timeout_s=0.0)
     pdbs = f"/apis/policy/v1beta1/namespaces/{ns}/poddisruptionbudgets"
     kube.create(pdbs, {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": "vgg"},
                        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"reamer.io/service": "vgg"}}}})
-    ctl.inf.sync()
-    ctl.backend.observe(time.time())
-    worker = next(cid for cid in ctl.backend.view.state.owner if "/worker" in cid)
-    ctl.backend.actuate([Resize(worker, Resources(13.0, 2048.0))], time.time())  # the scheduler never runs again
+    _grow_worker(ctl, 13.0)  # the scheduler never runs again
     assert ctl.backend.counts["evictions_refused"] == 1 and not ko.deleting(kube.get(pods(ns, ko.meta(rep)["name"])))
     [wpod] = [p for p in job_pods(kube, ns, "grow") if ko.labels(p)[ko.ROLE] == "worker"]
     assert ko.pod_cpu_limit(wpod) == 2.0  # it waits: a 13-core pod beside the replica would be refused
