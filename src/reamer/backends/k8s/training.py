@@ -21,6 +21,12 @@ recorded shapes:
   pods there fit its cores — inference moves first (the scheduler sees the new shape in the
   status and migrates); after ``yield_timeout_s`` training takes its cores anyway.
 
+* a failed pod, a pod deleted once its epoch was complete (``status.createdEpoch``) and a pod
+  made from an earlier template are replaced by the job's ``resizeFallback``; failures that are
+  the job's own (not an eviction or a kubelet refusal) and container restarts count against
+  ``spec.backoffLimit``, past which the job is ``Failed``; condition ``PodsReady`` says why a
+  pod does not run (the kubelet's reason, or the API server's refusal).
+
 Nothing lives only in memory: a restarted controller reads the same status and pods and
 carries on (``fault`` names the points where tests kill it).
 """
