@@ -410,6 +410,34 @@ def test_a_pod_starting_or_ending_unmeasured_is_not_counted_as_the_systems(tmp_p
     assert systems == pytest.approx([0.5, 0.5, 1.0, 1.0])
 
 
+def test_a_pods_rates_are_over_its_own_scrapes_and_a_failed_scrape_loses_no_window(tmp_path, endpoint):
+    """Each pod's counters are rated over the times its own scrapes ended (a round whose other
+    endpoints hung took longer), and a scrape that failed leaves the last good one as the next
+    one's start (a real endpoint; the clock is the test's: scrapes end ``lag`` after the round's
+    reading)."""
+    srv, url = endpoint
+    top = _fake_top(tmp_path, 2)
+    t, lag = [100.0], [0.0]
+    clock = lambda: t[0] + (lag[0] if threading.current_thread().name.startswith("reamer-scrape") else 0.0)
+    pod = _pod(UID)
+    pod["metadata"]["annotations"] = {"reamer.io/metrics-port": url.rsplit(":", 1)[1].split("/")[0]}
+    agent = Agent(FakeKube([pod]), "n1", cgroup_root=top, clock=clock, scrape_host="127.0.0.1")
+
+    def serve(total):
+        srv.body = f"# TYPE reamer_requests_total counter\nreamer_requests_total {total}\n" if total is not None \
+            else "reamer_requests_total{ not prometheus"
+
+    rates = []
+    for total, l in ((100, 0.0), (300, 1.5), (None, 0.0), (700, 0.0)):
+        serve(total)
+        lag[0] = l
+        (e,) = agent.measure()["pods"]
+        rates.append((e.get("metrics") or {}).get("reamer_requests_total:rate"))
+        t[0] += 5.0
+    # 200 over 6.5 s (5 s + the 1.5 s its scrape ended late); none; 400 over 8.5 s, from the last good scrape
+    assert rates == [None, pytest.approx(200 / 6.5), None, pytest.approx(400 / 8.5)]
+
+
 def test_a_pod_whose_metrics_port_is_not_http_costs_only_its_own_metrics(tmp_path):
     """A real TCP port on loopback that answers garbage (a gRPC or other non-HTTP port named by
     ``reamer.io/metrics-port``): http.client raises BadStatusLine, and the agent still reports

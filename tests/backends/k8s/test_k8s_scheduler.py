@@ -164,6 +164,17 @@ def test_inference_that_has_not_moved_by_the_yield_timeout_is_evicted(kube, ns, 
     assert ctl.backend.counts["inference_evicted"] == 1
 
 
+def test_a_job_at_its_shape_evicts_nothing_on_a_cordoned_node(kube, ns, components):
+    """A cordoned node holds only what its jobs hold, so inference there is over its room; a job
+    whose pods are at their shape takes nothing, and evicts nothing, past its yield time-out."""
+    ctl, _, kubelet, rep = _beside_a_replica(kube, ns, components, yield_timeout_s=0.0)
+    kube.merge_patch(nodes("gpu-a"), {"spec": {"unschedulable": True}})
+    for _ in range(2):
+        ctl.round()
+        kubelet.sync()
+    assert ctl.backend.counts["inference_evicted"] == 0 and not ko.deleting(kube.get(pods(ns, ko.meta(rep)["name"])))
+
+
 def test_invalid_services_get_a_condition_and_the_scheduler_keeps_serving(kube, ns, components):
     make_node(kube, "gpu-a", 16)
     fresh(kube, "gpu-a")

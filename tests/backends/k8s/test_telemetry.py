@@ -29,6 +29,8 @@ def test_a_replica_without_a_rate_is_not_a_replica_serving_nothing(missing):
     assert service_window(["r0", "r1", "r2"], "ns", reports, {"r0", "r1", "r2"}).rate_per_s == pytest.approx(45.0)
     # a replica still starting (not Ready) gets no requests from its Service: it serves nothing
     assert service_window(["r0", "r1", "r2"], "ns", reports, {"r0", "r1"}).rate_per_s == pytest.approx(30.0)
+    # one Ready before its agent's first report of it serves its share too
+    assert service_window(["r0", "r1", "new"], "ns", reports, {"r0", "r1", "new"}).rate_per_s == pytest.approx(45.0)
     # no replica with a rate: no window, not a window of no load
     assert service_window(["r0"], "ns", _reports(missing), {"r0"}) is None
     assert service_window(["x"], "ns", _reports(_rate(1)), {"x"}) is None

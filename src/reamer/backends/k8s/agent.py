@@ -209,6 +209,7 @@ class _Prev:
     cpu: CpuStats | None
     net: int | None
     metrics: dict[str, dict] | None
+    metrics_at: float = 0.0  # when ``metrics`` were scraped
 
 
 class Agent:
@@ -282,10 +283,11 @@ class Agent:
                 "slack": max(0.0, cores - max(system, self.system_reserved) - max(limits, used["training"])),
                 "pods": entries}
 
-    def _scrape_all(self, pods: list[dict]) -> dict[str, dict | Exception]:
+    def _scrape_all(self, pods: list[dict]) -> dict[str, tuple[dict | Exception, float]]:
         """Each pod's metrics endpoint (``reamer.io/metrics-port``), all at once: one that hangs
         costs the report its time-out once, not once per pod behind it. By pod uid: the
-        families, or what went wrong."""
+        families, or what went wrong, and when that scrape ended (each pod's rates are over its
+        own scrapes' times: one endpoint that hangs does not skew the others')."""
         urls = {}
         for p in pods:
             port = ko.annotations(p).get(METRICS_PORT)
@@ -294,27 +296,31 @@ class Agent:
                 urls[ko.meta(p)["uid"]] = f"http://{host}:{port}/metrics"
         if not urls:
             return {}
-        out: dict[str, dict | Exception] = {}
+        def timed(url: str) -> tuple[dict, float]:
+            got = scrape(url)
+            return got, self.clock()
+
+        out: dict[str, tuple[dict | Exception, float]] = {}
         with ThreadPoolExecutor(max_workers=min(self.scrape_workers, len(urls)),
                                 thread_name_prefix="reamer-scrape") as pool:
-            futures = {uid: pool.submit(scrape, url) for uid, url in urls.items()}
+            futures = {uid: pool.submit(timed, url) for uid, url in urls.items()}
             for uid, f in futures.items():
                 try:
                     out[uid] = f.result()
                 except Exception as err:  # any pod's endpoint (a non-HTTP port: BadStatusLine) is that pod's trouble
-                    out[uid] = err
+                    out[uid] = (err, self.clock())
         return out
 
-    def _pod(self, p: dict, now: float, scraped: dict | Exception | None) -> tuple[dict, float, bool]:
+    def _pod(self, p: dict, now: float, scraped: tuple[dict | Exception, float] | None) -> tuple[dict, float, bool]:
         """The pod's entry, its cores used over the window, and whether it ran unmeasured (a
-        cgroup read now with no reading before: its first window)."""
+        cgroup read now with no reading before, or none now after one: its first or last window)."""
         m = ko.meta(p)
         uid = m["uid"]
         e: dict = {"namespace": m["namespace"], "name": m["name"], "uid": uid, "cpuLimit": ko.pod_cpu_limit(p)}
         status = p.get("status") or {}
         running = status.get("phase") == "Running"
         d = self._pod_cgroup(uid, status.get("qosClass"), running)
-        if d is None and running and uid not in self._unseen:
+        if d is None and running and not ko.deleting(p) and uid not in self._unseen:
             self._unseen.add(uid)
             log.warning("pod %s/%s is running but has no cgroup under %s below the kubelet cgroup root(s) %s: its "
                         "CPU is not measured (set --kubelet-cgroup-root to the kubelet's --cgroup-root)",
@@ -338,14 +344,19 @@ class Agent:
             e["throttledRatio"] = delta.nr_throttled / delta.nr_periods if delta.nr_periods > 0 else 0.0
         if prev and dt > 0 and net is not None and prev.net is not None:
             e["netGbps"] = 8.0 * max(0, net - prev.net) / dt / 1e9
-        metrics = None
-        if isinstance(scraped, Exception):
-            log.info("pod %s: metrics not scraped: %s", m["name"], scraped)
-        elif scraped is not None:
-            metrics = scraped
-            e["metrics"] = summarize(metrics, prev.metrics if prev else None, dt)
-        self._prev[uid] = _Prev(now, cpu, net, metrics)
-        return e, cpu_used, cpu is not None and "cpuUsed" not in e
+        # a failed scrape keeps the last one as the next one's start (no window without a rate)
+        metrics, metrics_at = (prev.metrics, prev.metrics_at) if prev else (None, now)
+        if scraped is not None:
+            got, at = scraped
+            if isinstance(got, Exception):
+                log.info("pod %s: metrics not scraped: %s", m["name"], got)
+            else:
+                before = prev.metrics if prev else None
+                e["metrics"] = summarize(got, before, at - metrics_at if before is not None else 0.0)
+                metrics, metrics_at = got, at
+        self._prev[uid] = _Prev(now, cpu, net, metrics, metrics_at)
+        unknown = cpu is not None and "cpuUsed" not in e or cpu is None and prev is not None and prev.cpu is not None
+        return e, cpu_used, unknown
 
     def _pod_cgroup(self, uid: str, qos: str | None, running: bool) -> Path | None:
         """The pod's cgroup below any of the kubelet roots; for a running pod not found, the roots

@@ -170,11 +170,11 @@ class K8sInference:
                                   ("Starting", "not every replica is ready yet"))
         conds = st.get("conditions")
         want = ko.set_condition(conds, "ReplicasReady", problem is None and ready, reason, msg, now)
-        if problem is not None and not any(c.get("message") == msg for c in conds or []):
-            log.warning("InferenceService %s: %s (%s)", name, msg, reason)
         if [(c["type"], c["status"], c.get("reason")) for c in want] != \
                 [(c.get("type"), c.get("status"), c.get("reason")) for c in conds or []]:
             self._status.setdefault(name, {})["conditions"] = want
+            if problem is not None:  # said when the condition changes, not every round
+                log.warning("InferenceService %s: %s (%s)", name, msg, reason)
 
     def _observe_window(self, rec: ServiceRecord, st: dict, mine: list[dict], reports, now: float) -> None:
         w = service_window([ko.meta(p)["name"] for p in mine], self.ns, reports,
@@ -375,7 +375,7 @@ class K8sInference:
                 log.warning("replica pod %s failed on %s (%s: %s): removed", ko.meta(p)["name"],
                             (p.get("spec") or {}).get("nodeName"), st.get("reason", ""), st.get("message", ""))
                 self.counts["replicas_failed"] += 1
-                if ko.REPLACES in ko.annotations(p):
+                if ko.REPLACES in ko.annotations(p) and not ko.platform_failure(p):  # (not an OutOfcpu: the node's)
                     self._no_roll(ko.labels(p)[ko.SERVICE], p)
                 self._guard_delete(p)
                 continue

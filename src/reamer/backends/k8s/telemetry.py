@@ -138,7 +138,7 @@ def service_window(pod_names: list[str], namespace: str, reports: dict[str, PodR
     rated = {n: x for n, r in current.items() if (x := r.metric(REQUESTS + ":rate")) is not None}
     if not rated:
         return None
-    serving = set(rated) | {n for n in rs if n in ready}
+    serving = set(rated) | {n for n in pod_names if n in ready}
     rate = sum(rated.values()) * len(serving) / len(rated)
     p99s = [p for r in current.values() if (p := r.metric(LATENCY + ":p99")) is not None]
     return ServiceWindow(newest.reported_at, rate, max(p99s) if p99s else None)

@@ -370,12 +370,13 @@ class K8sTraining:
         for name, c in desired.items():
             node = view.state.node_by_name[c.node]
             room = node.cores - view.state.cpu_limits(c.node) - inference.get(c.node, 0.0)
-            if room < -1e-6:  # inference moves first; the pod keeps its old shape meanwhile
+            p = existing.get(name)
+            grows = p is None or (not ko.deleting(p) and ko.pod_cpu_limit(p) < c.res.cpu - 1e-6)
+            if room < -1e-6 and grows:  # inference moves first; the pod keeps its old shape meanwhile
                 if now - since >= self.yield_timeout_s and c.node not in waiting:
                     self._evict_inference(jid, c.node, -room)  # it has not: it is evicted
                 waiting.append(c.node)
                 continue
-            p = existing.get(name)
             if p is not None and (p.get("status") or {}).get("phase") == "Failed" and not ko.deleting(p):
                 log.warning("pod %s failed (%s): replacing it", name, (p.get("status") or {}).get("reason", ""))
                 if self._replace(jid, j, epoch, p, c, now, failed=not ko.platform_failure(p)):
