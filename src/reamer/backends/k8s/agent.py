@@ -355,7 +355,8 @@ class Agent:
                 e["metrics"] = summarize(got, before, at - metrics_at if before is not None else 0.0)
                 metrics, metrics_at = got, at
         self._prev[uid] = _Prev(now, cpu, net, metrics, metrics_at)
-        unknown = cpu is not None and "cpuUsed" not in e or cpu is None and prev is not None and prev.cpu is not None
+        unknown = (cpu is not None and "cpuUsed" not in e) or (cpu is None and prev is not None
+                                                               and prev.cpu is not None)
         return e, cpu_used, unknown
 
     def _pod_cgroup(self, uid: str, qos: str | None, running: bool) -> Path | None:

@@ -112,7 +112,7 @@ def _nodes(objs: ClusterObjects, foreign_jobs: set[str], cordoned_use: dict[str,
         foreign.setdefault(p["spec"]["nodeName"], []).append(p)
     for p in objs.pods:
         lb = ko.labels(p)
-        node = (p.get("spec") or {}).get("nodeName") or (ko.annotations(p).get(ko.TARGET) if ko.SERVICE in lb else None)
+        node = ko.pod_node(p)
         if not node or ko.terminated(p):
             continue
         if not ko.is_reamer_pod(p) or lb.get(ko.JOB) in foreign_jobs:
@@ -206,18 +206,12 @@ def training_state(objs: ClusterObjects, models: Mapping[str, object],
     return view
 
 
-def owner_uid(pod: Obj) -> str | None:
-    """The uid of the TrainingJob that owns ``pod`` (None: none does)."""
-    return next((r.get("uid") for r in ko.meta(pod).get("ownerReferences") or [] if r.get("kind") == "TrainingJob"),
-                None)
-
-
 def _pods_by_owner(objs: ClusterObjects) -> dict[str, dict[str, Obj]]:
     """Training pods by their TrainingJob's uid (a job deleted and created again under the same
     name does not inherit the old one's pods), then by name."""
     out: dict[str, dict[str, Obj]] = {}
     for p in objs.pods:
-        if ko.JOB in ko.labels(p) and (uid := owner_uid(p)) is not None:
+        if ko.JOB in ko.labels(p) and (uid := ko.owner_uid(p, "TrainingJob")) is not None:
             out.setdefault(uid, {})[ko.meta(p)["name"]] = p
     return out
 

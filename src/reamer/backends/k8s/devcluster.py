@@ -109,8 +109,8 @@ class DevCluster:
         if self.controller_manager:
             self._spawn("kube-controller-manager", [
                 str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig()}",
-                "--controllers=garbagecollector,namespace,disruption,resourcequota", "--bind-address=127.0.0.1", "--secure-port=0",
-                "--port=0", "--leader-elect=false",
+                "--controllers=garbagecollector,namespace,disruption,resourcequota", "--bind-address=127.0.0.1",
+                "--secure-port=0", "--port=0", "--leader-elect=false",
             ], logs)
         return self
 

@@ -83,6 +83,7 @@ class K8sInference:
         self._status: dict[str, dict] = {}  # service -> status patch to write this round
         self._expect: tuple = ()  # the joint round: training decisions about to be applied
         self._paused: dict[str, str] = {}  # service -> the template hash its rollout paused at (soft state)
+        self._mine: dict[str, list[dict]] = {}  # this round: service -> its live replica pods
         self.counts = {"binds": 0, "bind_refused_stale": 0, "evictions": 0, "evictions_refused": 0, "migrations": 0,
                        "resizes": 0, "invalid_decisions": 0, "api_errors": 0, "moves_deferred": 0,
                        "replicas_failed": 0, "rollouts": 0, "moves_given_up": 0}
@@ -101,7 +102,7 @@ class K8sInference:
                     if ko.annotations(p).get(ko.REPLACES) in names and ko.stuck(p, lasting=True)}
         replaced = {ko.annotations(p)[ko.REPLACES] for p in alive
                     if ko.REPLACES in ko.annotations(p) and ko.meta(p)["name"] not in given_up}
-        records, first, self.crs, self.pod_of, self._status = [], {}, {}, {}, {}
+        records, first, self.crs, self.pod_of, self._status, self._mine = [], {}, {}, {}, {}, {}
         eligible = Eligibility(objs.nodes)  # the nodes each service's pod template allows
         for isvc in objs.services:
             name = ko.meta(isvc)["name"]
@@ -139,7 +140,8 @@ class K8sInference:
                 objs: ClusterObjects, reports, now: float) -> ServiceRecord:
         """One service as its status and its replica pods record it (but the pods in ``skip``)."""
         name, uid = spec.name, ko.meta(isvc).get("uid")
-        mine = [p for p in alive if ko.labels(p)[ko.SERVICE] == name and _owner_uid(p) == uid]
+        mine = self._mine[name] = [p for p in alive if ko.labels(p)[ko.SERVICE] == name
+                                   and ko.owner_uid(p, "InferenceService") == uid]
         rec = ServiceRecord(name, spec.model, spec.slo_p99_s, spec.mem_mib,
                             min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
                             observed_rates=[float(x) for x in st.get("rates") or []],
@@ -289,13 +291,11 @@ class K8sInference:
         """A replica made from an earlier version of its service's template (an edit since: a new
         image) is replaced make-before-break on its node, one per service per round, while every
         other replica of the service is Ready and no move of it is under way."""
-        assert self.state is not None and self.objs is not None
+        assert self.state is not None
         want = ko.template_hash(self.crs[sid]["spec"].get("template"))
         if self._paused.get(sid) == want:
             return
-        uid = ko.meta(self.crs[sid]).get("uid")
-        mine = [p for p in self.objs.pods if ko.labels(p).get(ko.SERVICE) == sid and _owner_uid(p) == uid
-                and not ko.deleting(p) and not ko.terminated(p)]
+        mine = self._mine.get(sid, [])
         names = {ko.meta(p)["name"] for p in mine}
         if any(ko.annotations(p).get(ko.REPLACES) in names or not ko.ready(p) for p in mine):
             return  # a move under way (its predecessor still there), or a replica not Ready
@@ -370,22 +370,22 @@ class K8sInference:
         for p in objs.pods:
             if ko.SERVICE not in ko.labels(p) or ko.deleting(p):
                 continue
-            if (p.get("status") or {}).get("phase") == "Failed":  # no longer a replica: the policy starts another
-                st = p.get("status") or {}
-                log.warning("replica pod %s failed on %s (%s: %s): removed", ko.meta(p)["name"],
-                            (p.get("spec") or {}).get("nodeName"), st.get("reason", ""), st.get("message", ""))
-                self.counts["replicas_failed"] += 1
-                if ko.REPLACES in ko.annotations(p) and not ko.platform_failure(p):  # (not an OutOfcpu: the node's)
-                    self._no_roll(ko.labels(p)[ko.SERVICE], p)
-                self._guard_delete(p)
-                continue
-            if ko.terminated(p):
-                continue
             try:
                 svc = ko.labels(p)[ko.SERVICE]
-                if svc not in services or _owner_uid(p) != services[svc]:
+                if (p.get("status") or {}).get("phase") == "Failed":  # no longer a replica: the policy starts another
+                    st = p.get("status") or {}
+                    log.warning("replica pod %s failed on %s (%s: %s): removed", ko.meta(p)["name"],
+                                (p.get("spec") or {}).get("nodeName"), st.get("reason", ""), st.get("message", ""))
+                    self.counts["replicas_failed"] += 1
+                    if ko.REPLACES in ko.annotations(p) and not ko.platform_failure(p):  # (an OutOfcpu is the node's)
+                        self._no_roll(svc, p)
+                    self._delete(p)
+                    continue
+                if ko.terminated(p):
+                    continue
+                if svc not in services or ko.owner_uid(p, "InferenceService") != services[svc]:
                     # its service is gone, or was deleted and created again (no garbage collector, or not yet)
-                    self.kube.delete(pods(self.ns, ko.meta(p)["name"]), uid=ko.meta(p).get("uid"))
+                    self._delete(p)
                     continue
                 self._bind(p)
                 why = ko.stuck(p, lasting=True)
@@ -395,7 +395,7 @@ class K8sInference:
                                 ko.annotations(p)[ko.REPLACES], ko.meta(p)["name"], why[1])
                     self.counts["moves_given_up"] += 1
                     self._no_roll(svc, p)
-                    self._guard_delete(p)
+                    self._delete(p)
                     continue
                 if not ko.ready(p):
                     continue
@@ -404,18 +404,14 @@ class K8sInference:
                     seen.add(old)
                     o = by_name[old]
                     if not ko.deleting(o):
-                        self.kube.delete(pods(self.ns, old), uid=ko.meta(o).get("uid"))
+                        self._delete(o)
                     old = ko.annotations(o).get(ko.REPLACES)
             except Exception as err:  # one pod's trouble is not every pod's
                 self.counts["api_errors"] += 1
                 log.warning("pod %s: %s", ko.meta(p)["name"], err)
 
-    def _guard_delete(self, p: dict) -> None:
-        try:
-            self.kube.delete(pods(self.ns, ko.meta(p)["name"]), uid=ko.meta(p).get("uid"))
-        except ApiError as err:
-            self.counts["api_errors"] += 1
-            log.warning("pod %s: %s", ko.meta(p)["name"], err)
+    def _delete(self, p: dict) -> None:
+        self.kube.delete(pods(self.ns, ko.meta(p)["name"]), uid=ko.meta(p).get("uid"))
 
     def _patch_status(self, name: str, patch: dict) -> None:
         try:
@@ -425,9 +421,3 @@ class K8sInference:
             self.counts["api_errors"] += 1
             log.warning("status of %s: %s", name, err)
 
-
-def _owner_uid(pod: dict) -> str | None:
-    """The uid of the InferenceService that owns ``pod`` (None: none does): a service deleted and
-    created again under the same name does not inherit the old one's replicas."""
-    refs = ko.meta(pod).get("ownerReferences") or []
-    return next((r.get("uid") for r in refs if r.get("kind") == "InferenceService"), None)

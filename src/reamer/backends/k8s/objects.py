@@ -372,6 +372,18 @@ def platform_failure(pod: Obj) -> bool:
         c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in st.get("conditions") or [])
 
 
+def owner_uid(pod: Obj, kind: str) -> str | None:
+    """The uid of the ``kind`` object (TrainingJob, InferenceService) that owns ``pod`` (None: none
+    does): one deleted and created again under the same name does not inherit the old one's pods."""
+    return next((r.get("uid") for r in meta(pod).get("ownerReferences") or [] if r.get("kind") == kind), None)
+
+
+def pod_node(pod: Obj) -> str:
+    """The node a pod is on, or ("") will be: a replica pod created but not yet bound names it in
+    its target annotation."""
+    return (pod.get("spec") or {}).get("nodeName") or annotations(pod).get(TARGET, "")
+
+
 def deleting(pod: Obj) -> bool:
     return bool(meta(pod).get("deletionTimestamp"))
 
@@ -409,7 +421,7 @@ def replica_index(pod: Obj) -> int:
 
 def replica_of(pod: Obj) -> Replica:
     a, lb = annotations(pod), labels(pod)
-    node = (pod.get("spec") or {}).get("nodeName") or a.get(TARGET, "")
+    node = pod_node(pod)
     return Replica(f"{lb[SERVICE]}/{lb[REPLICA]}", node, float(a[CORES]), int(a.get(MAX_BATCH, 1)),
                    float(a.get(MAX_WAIT_MS, 0)) / 1e3)
 

@@ -44,7 +44,6 @@ from reamer.backends.k8s.cluster import (
     Informers,
     TrainingView,
     default_pod_name,
-    owner_uid,
     training_state,
 )
 from reamer.backends.k8s.kube import ApiError, Kube, custom, pods, services
@@ -314,7 +313,7 @@ class K8sTraining:
         for p in objs.pods:  # pods of a TrainingJob that is gone (no garbage collector) or done
             if ko.JOB not in ko.labels(p) or ko.deleting(p):
                 continue
-            owner = owner_uid(p)
+            owner = ko.owner_uid(p, "TrainingJob")
             if owner not in uids or (owner in done and not ko.terminated(p)):
                 self._guard(f"pod {ko.meta(p)['name']}", self._delete, p)
         inference = self._inference_cores(objs)
@@ -338,15 +337,8 @@ class K8sTraining:
     def _inference_cores(self, objs: ClusterObjects) -> dict[str, float]:
         out: dict[str, float] = {}
         for p in objs.pods:
-            if ko.SERVICE in ko.labels(p) and not ko.terminated(p):
-                node = (p.get("spec") or {}).get("nodeName") or ko.annotations(p).get(ko.TARGET)
-                if node:
-                    try:
-                        cores = float(ko.annotations(p).get(ko.CORES, 0))
-                    except ValueError:  # an edited annotation: that pod is the scheduler's to leave alone
-                        log.warning("pod %s: annotation %s is not a number", ko.meta(p).get("name"), ko.CORES)
-                        continue
-                    out[node] = out.get(node, 0.0) + cores
+            if ko.SERVICE in ko.labels(p) and not ko.terminated(p) and (node := ko.pod_node(p)):
+                out[node] = out.get(node, 0.0) + _cores(p)
         return out
 
     def _converge_job(self, jid: str, now: float, inference: dict[str, float]) -> None:
@@ -366,6 +358,7 @@ class K8sTraining:
         older = any(ko.labels(p).get(ko.EPOCH) != str(epoch) for p in existing.values())
         busy = {ko.labels(p).get(ko.CONTAINER) for n, p in existing.items() if n not in desired}
         since = j.last_change_s if j.last_change_s is not None else now
+        complete = int((tj.get("status") or {}).get("createdEpoch", 0)) == epoch  # every pod of it was created
         waiting, created, refused = [], 0, None
         for name, c in desired.items():
             node = view.state.node_by_name[c.node]
@@ -394,7 +387,7 @@ class K8sTraining:
                 continue
             if older or ko.short(c.id) in busy:
                 continue  # the old incarnation checkpoints and goes first
-            if int((tj.get("status") or {}).get("createdEpoch", 0)) == epoch:  # it was there: deleted since
+            if complete:  # it was there: deleted since
                 log.warning("job %s: pod %s is gone (deleted): replacing it", jid, name)
                 if self._replace(jid, j, epoch, {"metadata": {"name": name}}, c, now):
                     return
@@ -434,7 +427,7 @@ class K8sTraining:
                 [(c.get("type"), c.get("status"), c.get("reason")) for c in conds or []]:
             patch["conditions"] = want
         renamed = any(view.pod_names[c.id] != name for name, c in desired.items())  # a pod recreated this round
-        if len(mine) == len(desired) and not renamed and int((tj.get("status") or {}).get("createdEpoch", 0)) != epoch:
+        if len(mine) == len(desired) and not renamed and not complete:
             patch["createdEpoch"] = epoch  # every pod of the epoch was created: one missing later was deleted
         if patch and self._merge_status(jid, patch):
             if "createdEpoch" in patch and "createdEpoch" not in (view.crs[jid].get("status") or {}) \
@@ -457,8 +450,7 @@ class K8sTraining:
         already going; the job's pods wait until they are gone (the kubelet would refuse them)."""
         objs = self.objs
         assert objs is not None
-        here = [p for p in objs.pods if ko.SERVICE in ko.labels(p) and not ko.terminated(p)
-                and ((p.get("spec") or {}).get("nodeName") or ko.annotations(p).get(ko.TARGET)) == node]
+        here = [p for p in objs.pods if ko.SERVICE in ko.labels(p) and not ko.terminated(p) and ko.pod_node(p) == node]
         for p in here:
             if ko.deleting(p):
                 need -= _cores(p)
@@ -668,8 +660,10 @@ def _why_queued(spec: TrainingJob, free: Mapping[str, Resources]) -> tuple[str, 
 
 
 def _cores(pod: dict) -> float:
-    """An inference pod's cores (its annotation; 0 when someone edited it into no number)."""
+    """An inference pod's cores (its annotation; 0 when someone edited it into no number: that pod
+    is the scheduler's to leave alone)."""
     try:
         return float(ko.annotations(pod).get(ko.CORES, 0))
     except ValueError:
+        log.warning("pod %s: annotation %s is not a number", ko.meta(pod).get("name"), ko.CORES)
         return 0.0
